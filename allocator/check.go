@@ -1,0 +1,297 @@
+package allocator
+
+import (
+	"errors"
+	"fmt"
+
+	"github.com/vmmalloc/vmmalloc/arena"
+	"github.com/vmmalloc/vmmalloc/stats"
+)
+
+// ErrCorrupt is wrapped by every invariant violation Check reports.
+var ErrCorrupt = errors.New("vmmalloc: invariant violated")
+
+// Check verifies the allocator's invariants and returns the first
+// violation found, wrapping ErrCorrupt:
+//   - blocks tile every segment without gap or overlap, with consistent links;
+//   - free neighbours of one stream are coalesced, as are unmapped ones;
+//   - every block that is not unmapped lies in mapped pages, every unmapped
+//     block is page-aligned and lies in unmapped pages, and a mapped page
+//     holds blocks of one stream only;
+//   - the free lists hold exactly the free blocks, the unmapped sets exactly
+//     the unmapped blocks, the live map exactly the allocated blocks;
+//   - pending events match the pending-free blocks;
+//   - the statistics equal a recount.
+//
+// It walks everything: use it in tests, not on a hot path.
+func (a *Allocator) Check() error {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.check()
+}
+
+func corrupt(format string, args ...any) error {
+	return fmt.Errorf("%w: %s", ErrCorrupt, fmt.Sprintf(format, args...))
+}
+
+func (a *Allocator) check() error {
+	var want stats.DeviceStats
+	var nFree [2]int
+	var nUnmapped [2]int
+	nLive, nEvents := 0, 0
+	for i, sg := range a.segs {
+		if i > 0 && a.segs[i-1].r.End() > sg.r.Base {
+			return corrupt("segments %#x and %#x overlap or are unordered", a.segs[i-1].r.Base, sg.r.Base)
+		}
+		p := sg.pool
+		r := sg.r
+		if r.Base != sg.s.Base() || r.Size != sg.s.Size() {
+			return corrupt("region %#x+%d differs from its segment %#x+%d", r.Base, r.Size, sg.s.Base(), sg.s.Size())
+		}
+		want.Segment.Add(p.kind, 1)
+		want.ReservedBytes.Add(p.kind, int64(sg.s.MappedBytes()))
+		if !sg.expandable && a.cfg.MaxSplitSize != 0 && r.Size >= a.cfg.MaxSplitSize {
+			want.OversizeSegments.Add(1)
+		}
+		ps := uint64(sg.s.PageSize())
+		addr := r.Base
+		var unmappedBytes uint64
+		var prev *arena.Block
+		for b := r.Head; b != nil; b = b.Next {
+			if b.Region != r || b.Prev != prev {
+				return corrupt("block %#x: bad region or prev link", b.Addr)
+			}
+			if b.Addr != addr || b.Size == 0 {
+				return corrupt("block %#x+%d: expected to start at %#x", b.Addr, b.Size, addr)
+			}
+			if b.Addr%minBlockSize != 0 || b.Size%minBlockSize != 0 {
+				return corrupt("block %#x+%d: not 512-byte aligned", b.Addr, b.Size)
+			}
+			addr = b.End()
+			off := uint64(b.Addr - r.Base)
+			if b.State == arena.Unmapped {
+				if !sg.expandable || off%ps != 0 || b.Size%ps != 0 {
+					return corrupt("unmapped block %#x+%d not page-aligned in an expandable segment", b.Addr, b.Size)
+				}
+				if got, ok := p.unmapped.Get(b); !ok || got != b {
+					return corrupt("unmapped block %#x not in its pool's unmapped set", b.Addr)
+				}
+				if prev != nil && prev.State == arena.Unmapped {
+					return corrupt("unmapped blocks %#x and %#x not coalesced", prev.Addr, b.Addr)
+				}
+				for pg := off / ps; pg < (off+b.Size)/ps; pg++ {
+					if sg.s.IsMapped(int(pg)) {
+						return corrupt("unmapped block %#x covers mapped page %d", b.Addr, pg)
+					}
+				}
+				unmappedBytes += b.Size
+				nUnmapped[p.idx]++
+			} else {
+				for pg := off / ps; pg < (off+b.Size+ps-1)/ps; pg++ {
+					if !sg.s.IsMapped(int(pg)) {
+						return corrupt("%s block %#x+%d lies in unmapped page %d", b.State, b.Addr, b.Size, pg)
+					}
+				}
+				if prev != nil && prev.State != arena.Unmapped && prev.Stream != b.Stream && uint64(prev.End()-r.Base-1)/ps == off/ps {
+					return corrupt("page %d holds blocks of streams %d and %d", off/ps, prev.Stream, b.Stream)
+				}
+				if _, ok := a.streams[b.Stream]; !ok {
+					return corrupt("block %#x on unknown stream %d", b.Addr, b.Stream)
+				}
+			}
+			n := int64(b.Size)
+			switch b.State {
+			case arena.Free:
+				ss := a.streams[b.Stream]
+				if !ss.free[p.idx].Contains(b) {
+					return corrupt("free block %#x not in stream %d's %s free list", b.Addr, b.Stream, p.kind)
+				}
+				if b.Events != 0 || len(b.Uses) != 0 || b.Requested != 0 {
+					return corrupt("free block %#x has events, uses or a requested size", b.Addr)
+				}
+				if prev != nil && prev.State == arena.Free && prev.Stream == b.Stream {
+					return corrupt("free blocks %#x and %#x of stream %d not coalesced", prev.Addr, b.Addr, b.Stream)
+				}
+				if a.inactiveSplit(b) {
+					want.InactiveSplit.Add(p.kind, 1)
+					want.InactiveSplitBytes.Add(p.kind, n)
+				}
+				nFree[p.idx]++
+			case arena.Allocated, arena.PendingFree:
+				if b.InList() {
+					return corrupt("%s block %#x is in a free list", b.State, b.Addr)
+				}
+				want.Active.Add(p.kind, 1)
+				want.ActiveBytes.Add(p.kind, n)
+				want.RequestedBytes.Add(p.kind, int64(b.Requested))
+				if b.Requested == 0 || b.Requested > b.Size {
+					return corrupt("block %#x: requested %d of %d bytes", b.Addr, b.Requested, b.Size)
+				}
+				if b.State == arena.Allocated {
+					if a.live[b.Addr] != b {
+						return corrupt("allocated block %#x missing from the live map", b.Addr)
+					}
+					nLive++
+					want.Allocation.Add(p.kind, 1)
+					want.AllocatedBytes.Add(p.kind, n)
+					if a.cfg.MaxSplitSize != 0 && b.Size >= a.cfg.MaxSplitSize {
+						want.OversizeAllocations.Add(1)
+					}
+				} else {
+					if b.Events <= 0 {
+						return corrupt("pending-free block %#x has no events", b.Addr)
+					}
+					nEvents += int(b.Events)
+				}
+			}
+			prev = b
+		}
+		if addr != r.End() {
+			return corrupt("blocks of segment %#x end at %#x, not %#x", r.Base, addr, r.End())
+		}
+		if r.Size-unmappedBytes != sg.s.MappedBytes() {
+			return corrupt("segment %#x: %d bytes outside unmapped blocks but %d mapped", r.Base, r.Size-unmappedBytes, sg.s.MappedBytes())
+		}
+	}
+	if nLive != len(a.live) {
+		return corrupt("live map holds %d blocks, segments %d", len(a.live), nLive)
+	}
+	for i := range a.pools {
+		if a.pools[i].unmapped.Len() != nUnmapped[i] {
+			return corrupt("%s unmapped set holds %d blocks, segments %d", a.pools[i].kind, a.pools[i].unmapped.Len(), nUnmapped[i])
+		}
+		listed := 0
+		for _, ss := range a.streams {
+			listed += ss.free[i].Len()
+		}
+		if listed != nFree[i] {
+			return corrupt("%s free lists hold %d blocks, segments %d free", a.pools[i].kind, listed, nFree[i])
+		}
+	}
+	queued := 0
+	for _, ss := range a.streams {
+		queued += len(ss.queue)
+	}
+	if queued != nEvents {
+		return corrupt("%d events queued, blocks wait on %d", queued, nEvents)
+	}
+	pendingBlocks := 0
+	for _, ss := range a.streams {
+		for _, pe := range ss.queue {
+			if pe.b.State != arena.PendingFree {
+				return corrupt("event waits on %s block %#x", pe.b.State, pe.b.Addr)
+			}
+			_ = ss
+		}
+	}
+	for _, sg := range a.segs {
+		for b := sg.r.Head; b != nil; b = b.Next {
+			if b.State == arena.PendingFree {
+				pendingBlocks++
+			}
+		}
+	}
+	if pendingBlocks != a.pending {
+		return corrupt("pending counter %d, blocks %d", a.pending, pendingBlocks)
+	}
+	return compareStats(&want, &a.st)
+}
+
+func compareStats(want, got *stats.DeviceStats) error {
+	pairs := []struct {
+		name string
+		w, g *stats.StatArray
+	}{
+		{"allocation", &want.Allocation, &got.Allocation},
+		{"segment", &want.Segment, &got.Segment},
+		{"active", &want.Active, &got.Active},
+		{"inactive_split", &want.InactiveSplit, &got.InactiveSplit},
+		{"allocated_bytes", &want.AllocatedBytes, &got.AllocatedBytes},
+		{"reserved_bytes", &want.ReservedBytes, &got.ReservedBytes},
+		{"active_bytes", &want.ActiveBytes, &got.ActiveBytes},
+		{"inactive_split_bytes", &want.InactiveSplitBytes, &got.InactiveSplitBytes},
+		{"requested_bytes", &want.RequestedBytes, &got.RequestedBytes},
+	}
+	for _, p := range pairs {
+		for k := stats.PoolKind(0); k < stats.NumPoolKinds; k++ {
+			if p.w[k].Current != p.g[k].Current {
+				return corrupt("stat %s.%s.current is %d, recount %d", p.name, k, p.g[k].Current, p.w[k].Current)
+			}
+			if p.g[k].Current < 0 || p.g[k].Peak < p.g[k].Current {
+				return corrupt("stat %s.%s: current %d, peak %d", p.name, k, p.g[k].Current, p.g[k].Peak)
+			}
+		}
+	}
+	if want.OversizeAllocations.Current != got.OversizeAllocations.Current {
+		return corrupt("oversize_allocations %d, recount %d", got.OversizeAllocations.Current, want.OversizeAllocations.Current)
+	}
+	if want.OversizeSegments.Current != got.OversizeSegments.Current {
+		return corrupt("oversize_segments %d, recount %d", got.OversizeSegments.Current, want.OversizeSegments.Current)
+	}
+	return nil
+}
+
+// Range is a span of device address space.
+type Range struct {
+	Addr uintptr
+	Size uint64 // nbytes
+}
+
+// Footprint lists what the allocator holds from the driver: its address
+// reservations, its mappings (one per page), and the number of physical
+// handles cached unmapped. Tests compare it with the backend's own view.
+func (a *Allocator) Footprint() (reservations, mappings []Range, cachedHandles int) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	for _, sg := range a.segs {
+		reservations = append(reservations, Range{sg.s.Base(), sg.s.Size()})
+		ps := sg.s.PageSize()
+		for i := 0; i < sg.s.NumPages(); i++ {
+			if sg.s.IsMapped(i) {
+				mappings = append(mappings, Range{sg.s.Base() + uintptr(uint64(i)*ps), ps})
+			}
+		}
+	}
+	for _, z := range a.zombies {
+		if !z.Released() {
+			reservations = append(reservations, Range{z.Base(), z.Size()})
+		}
+		if z.IsMapped(0) {
+			mappings = append(mappings, Range{z.Base(), z.Size()})
+		}
+	}
+	return reservations, mappings, a.pools[0].cache.Len() + a.pools[1].cache.Len()
+}
+
+// Snapshot describes every segment and block (torch.cuda.memory_snapshot).
+func (a *Allocator) Snapshot() stats.Snapshot {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	var s stats.Snapshot
+	for _, sg := range a.segs {
+		si := stats.SegmentInfo{
+			Device: a.dev, Address: sg.r.Base, TotalSize: sg.r.Size, MappedSize: sg.s.MappedBytes(),
+			Pool: sg.pool.kind, IsExpandable: sg.expandable, PageSize: sg.s.PageSize(),
+		}
+		for b := sg.r.Head; b != nil; b = b.Next {
+			bi := stats.BlockInfo{Address: b.Addr, Size: b.Size, RequestedSize: b.Requested, Stream: uint64(b.Stream)}
+			switch b.State {
+			case arena.Allocated:
+				bi.State = stats.BlockActiveAllocated
+				si.AllocatedSize += b.Size
+				si.ActiveSize += b.Size
+				si.RequestedSize += b.Requested
+			case arena.PendingFree:
+				bi.State = stats.BlockActivePendingFree
+				si.ActiveSize += b.Size
+			case arena.Free:
+				bi.State = stats.BlockInactive
+			case arena.Unmapped:
+				bi.State = stats.BlockUnmapped
+			}
+			si.Blocks = append(si.Blocks, bi)
+		}
+		s.Segments = append(s.Segments, si)
+	}
+	return s
+}

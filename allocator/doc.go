@@ -1,0 +1,81 @@
+// Package allocator is vmmalloc's caching allocator: it serves Malloc/Free
+// of device memory per tensor, on streams, from many goroutines, out of
+// segments whose physical memory is mapped on demand (expandable segments)
+// or allocated whole (classic segments, PyTorch's default algorithm, kept as
+// the baseline for studies).
+//
+// # Data model
+//
+// One Allocator serves one device. It has two pools, small (rounded
+// requests ≤ 1 MiB) and large, each with its own page size (2 MiB and
+// 20 MiB by default: bytes per physical handle). A segment is one virtual
+// address reservation (package segment) whose range is tiled by blocks
+// (package arena). Every free mapped block sits in the free list of its
+// stream and pool, a TLSF index giving the exact best fit (smallest, then
+// lowest address). A block's life:
+//
+//	Unmapped ──map pages──▶ Free ──Malloc──▶ Allocated ──Free──▶ Free
+//	    ▲                    │                   │
+//	    └──unmap pages───────┘                   └─Free after RecordStream──▶ PendingFree
+//	                                                 (events complete) ──▶ Free
+//
+// Malloc rounds the request (512 bytes, or roundup_power2_divisions), takes
+// the best fit from its stream's free list and splits off the rest. On a
+// miss it grows: it takes the lowest-addressed unmapped run that, merged
+// with the stream's free block just before it (and just after it), fits,
+// and maps only the pages needed, so the heap grows at the lowest address
+// and freed pieces merge back. Free coalesces with free neighbours of the
+// same stream. A free block on another stream's list is never handed out:
+// stream-ordered reuse needs no synchronisation.
+//
+// # Pages belong to one stream at a time
+//
+// Pages are mapped for one stream, and every block inside a mapped page
+// belongs to that stream; once the stream's blocks in a page are all free
+// they coalesce, and the page can be unmapped after synchronising only that
+// stream. Unmapped address space belongs to no stream, so every stream of
+// a pool shares one reservation.
+//
+// # Address-space budget
+//
+// PyTorch reserves 9/8 of device memory per stream and pool, and many
+// streams × devices exhaust the 128 TiB user address space (pytorch#192269).
+// Here a pool's streams share its reservations: each expandable segment
+// reserves 9/8 of device memory (the 1/8 lets pages be remapped past holes)
+// and a pool has at most max_segments_per_pool (default 2) of them, so the
+// address space reserved per device is at most 2 pools × 2 × 9/8 = 4.5× the
+// device memory, however many streams are used. A second reservation is made
+// only when no unmapped run of the first fits.
+//
+// # Out-of-memory ladder
+//
+// When growth fails for lack of memory (driver OOM, the
+// per_process_memory_fraction cap, or the address-space budget), Malloc
+//  1. frees the cached physical handles (unmapped but not yet freed) and
+//     retries;
+//  2. waits for every pending stream event (freeing the blocks waiting on
+//     them), unmaps every free page of every stream (synchronising each such
+//     stream once; interior pages of free blocks too), releases empty
+//     segments and cached handles, and retries (num_alloc_retries);
+//  3. returns an *OutOfMemoryError stating the request, device total and
+//     free memory, allocated bytes, and reserved-but-unallocated bytes.
+//
+// Completed events are processed at the start of every Malloc that has
+// some pending.
+//
+// # Release policy and reserved-memory bound
+//
+// EmptyCache runs rung 2 of the ladder on demand. Synchronize(stream) waits
+// for the stream and unmaps the stream's free pages in excess of
+// release_threshold_mb, as CUDA's pool release threshold does. In classic
+// mode, max_split_size_mb keeps big blocks whole (PyTorch's rules). In
+// expandable mode it is ignored: splitting an expandable block strands no
+// memory, since its free pages can always be unmapped; honouring it there is
+// what made reserved memory grow without bound in pytorch#193400.
+//
+// # Concurrency
+//
+// One mutex guards all state of an Allocator; driver calls for growth and
+// release are made with it held, as PyTorch does. The cache-hit path makes
+// no driver call and no Go heap allocation.
+package allocator

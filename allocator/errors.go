@@ -1,0 +1,60 @@
+package allocator
+
+import (
+	"errors"
+	"fmt"
+
+	"github.com/dustin/go-humanize"
+	"github.com/vmmalloc/vmmalloc/backend"
+)
+
+// Sentinel errors. Every error the allocator returns wraps one of these or
+// a backend error kind, so callers test with errors.Is.
+var (
+	ErrInvalidSize     = errors.New("vmmalloc: invalid size")
+	ErrUnknownPointer  = errors.New("vmmalloc: pointer was not allocated by this allocator")
+	ErrInteriorPointer = errors.New("vmmalloc: pointer is inside an allocation, not at its start")
+	ErrDoubleFree      = errors.New("vmmalloc: pointer already freed")
+	ErrInvalidStream   = errors.New("vmmalloc: invalid stream")
+	ErrClosed          = errors.New("vmmalloc: allocator is closed")
+	ErrInvalidConfig   = errors.New("vmmalloc: invalid config")
+	ErrOutOfMemory     = errors.New("vmmalloc: out of memory")
+)
+
+// OutOfMemoryError is returned when a request cannot be met after the whole
+// out-of-memory ladder. errors.Is matches ErrOutOfMemory and
+// backend.ErrOutOfMemory.
+type OutOfMemoryError struct {
+	Device      int
+	Requested   uint64 // nbytes asked for
+	Tried       uint64 // nbytes the allocator tried to map (page-rounded)
+	Total       uint64 // device capacity
+	Free        uint64 // device free memory after the ladder
+	Allowed     uint64 // cap from per_process_memory_fraction; 0 = none
+	Allocated   uint64 // bytes in allocated blocks
+	Reserved    uint64 // bytes mapped by this allocator
+	Cause       error  // the driver error or address-space exhaustion, if any
+	AddrSpaceVA bool   // true when the address-space budget, not memory, ran out
+}
+
+func (e *OutOfMemoryError) Error() string {
+	s := fmt.Sprintf("vmmalloc: out of memory: tried to allocate %s. Device %d has a total capacity of %s of which %s is free. ",
+		humanize.IBytes(e.Tried), e.Device, humanize.IBytes(e.Total), humanize.IBytes(e.Free))
+	if e.Allowed != 0 {
+		s += humanize.IBytes(e.Allowed) + " allowed; "
+	}
+	s += fmt.Sprintf("Of the allocated memory %s is allocated by vmmalloc, and %s is reserved by vmmalloc but unallocated.",
+		humanize.IBytes(e.Allocated), humanize.IBytes(e.Reserved-e.Allocated))
+	if e.AddrSpaceVA {
+		s += " The virtual address budget (max_segments_per_pool) is exhausted."
+	}
+	return s
+}
+
+// Is matches ErrOutOfMemory and backend.ErrOutOfMemory.
+func (e *OutOfMemoryError) Is(target error) bool {
+	return target == ErrOutOfMemory || target == backend.ErrOutOfMemory
+}
+
+// Unwrap returns the driver error that ended the ladder, if any.
+func (e *OutOfMemoryError) Unwrap() error { return e.Cause }

@@ -1,0 +1,303 @@
+package allocator
+
+import (
+	"errors"
+	"math/bits"
+	"sort"
+
+	"github.com/vmmalloc/vmmalloc/arena"
+	"github.com/vmmalloc/vmmalloc/backend"
+	"github.com/vmmalloc/vmmalloc/segment"
+)
+
+func bitsLen(x uint64) int { return bits.Len64(x) }
+
+// errNoVA reports that no reservation has room and the VA budget is spent.
+var errNoVA = errors.New("address-space budget exhausted")
+
+// isOOM reports whether err means "no memory" (retryable by freeing cache).
+func isOOM(err error) bool {
+	return errors.Is(err, backend.ErrOutOfMemory) || errors.Is(err, errNoVA)
+}
+
+// allocSlow runs when no free block fits: it grows the pool, and on
+// out-of-memory climbs the ladder: release cached handles → wait for
+// pending events and release every free page and segment → retry → a
+// typed OutOfMemoryError. It returns a block out of any list. mu held.
+func (a *Allocator) allocSlow(ss *streamState, p *pool, rounded, size uint64) (*arena.Block, error) {
+	if thr := a.cfg.GarbageCollectionThreshold; thr > 0 && a.cfg.PerProcessMemoryFraction < 1 {
+		limit := uint64(thr * float64(a.allowed))
+		if uint64(a.st.ReservedBytes[0].Current) > limit {
+			_ = a.releaseUntil(limit) // best effort; growth below reports real failures
+		}
+	}
+	b, err := a.grow(ss, p, rounded)
+	if err == nil || !isOOM(err) {
+		return b, err
+	}
+	// Rung 1: cached physical handles hold device memory without being mapped.
+	if a.cachedHandleBytes() > 0 {
+		if terr := a.trimCaches(); terr == nil {
+			if b, err = a.grow(ss, p, rounded); err == nil || !isOOM(err) {
+				return b, err
+			}
+		}
+	}
+	// Rung 2: wait for every pending event, release every free page and
+	// segment, then retry.
+	a.st.NumAllocRetries++
+	if rerr := a.releaseAll(); rerr != nil && !isOOM(rerr) {
+		return nil, rerr
+	}
+	if b = a.bestFit(ss, p, rounded); b != nil {
+		ss.free[p.idx].Remove(b)
+		return b, nil
+	}
+	if b, err = a.grow(ss, p, rounded); err == nil || !isOOM(err) {
+		return b, err
+	}
+	a.st.NumOOMs++
+	free, _, _ := a.drv.MemGetInfo(a.dev)
+	oom := &OutOfMemoryError{
+		Device:    a.dev,
+		Requested: size,
+		Tried:     a.growSize(p, rounded),
+		Total:     a.total,
+		Free:      free,
+		Allocated: uint64(a.st.AllocatedBytes[0].Current),
+		Reserved:  uint64(a.st.ReservedBytes[0].Current),
+	}
+	if a.allowed < a.total {
+		oom.Allowed = a.allowed
+	}
+	if errors.Is(err, errNoVA) {
+		oom.AddrSpaceVA = true
+	} else {
+		oom.Cause = err
+	}
+	return nil, oom
+}
+
+// growSize is how many bytes growth for rounded maps.
+func (a *Allocator) growSize(p *pool, rounded uint64) uint64 {
+	if a.cfg.ExpandableSegments {
+		return roundUp(rounded, p.pageSize)
+	}
+	return a.classicSegmentSize(rounded)
+}
+
+// classicSegmentSize is PyTorch's get_allocation_size.
+func (a *Allocator) classicSegmentSize(rounded uint64) uint64 {
+	switch {
+	case rounded <= smallSize:
+		return a.cfg.SmallSegmentSize
+	case rounded < minLargeAlloc:
+		return a.cfg.LargeSegmentSize
+	default:
+		return roundUp(rounded, roundLarge)
+	}
+}
+
+// overCap reports whether mapping n more bytes would exceed the memory
+// fraction.
+func (a *Allocator) overCap(n uint64) bool {
+	return uint64(a.st.ReservedBytes[0].Current)+n > a.allowed
+}
+
+// grow maps new memory for a request and returns a free block of at least
+// rounded bytes for ss, out of any list. mu held.
+func (a *Allocator) grow(ss *streamState, p *pool, rounded uint64) (*arena.Block, error) {
+	if !a.cfg.ExpandableSegments {
+		return a.growClassic(ss, p, rounded)
+	}
+	return a.growExpandable(ss, p, rounded)
+}
+
+func (a *Allocator) growClassic(ss *streamState, p *pool, rounded uint64) (*arena.Block, error) {
+	size := a.classicSegmentSize(rounded)
+	if a.overCap(size) {
+		return nil, backend.Errorf(backend.OpCreate, backend.ErrOutOfMemory, "", "per_process_memory_fraction cap %d bytes reached", a.allowed)
+	}
+	s, err := segment.NewClassicConfig(a.drv, size, segment.Config{
+		Device: a.dev, Prop: backend.DeviceProp(a.dev), Counters: &a.counters,
+	})
+	if err != nil {
+		if s != nil { // rollback incomplete: keep it to destroy later
+			a.zombies = append(a.zombies, s)
+		}
+		return nil, err
+	}
+	sg := &seg{s: s, pool: p}
+	sg.r = arena.NewRegion(&a.bpool, s.Base(), s.Size(), arena.Free, ss.stream, sg)
+	a.addSeg(sg)
+	a.st.Segment.Add(p.kind, 1)
+	a.st.ReservedBytes.Add(p.kind, int64(s.MappedBytes()))
+	if a.cfg.MaxSplitSize != 0 && s.Size() >= a.cfg.MaxSplitSize {
+		a.st.OversizeSegments.Add(1)
+	}
+	return sg.r.Head, nil
+}
+
+// growExpandable finds the lowest-addressed unmapped run that, together
+// with a free block of ss just before it (and after it, when the whole run
+// is mapped), fits rounded bytes, maps the pages needed, and returns the
+// merged free block. With no such run it reserves a new segment if the VA
+// budget allows. mu held.
+func (a *Allocator) growExpandable(ss *streamState, p *pool, rounded uint64) (*arena.Block, error) {
+	fl := ss.free[p.idx]
+	mergeable := func(b *arena.Block) bool {
+		return b != nil && b.State == arena.Free && b.Stream == ss.stream && fl.Contains(b)
+	}
+	var (
+		u      *arena.Block
+		mapLen uint64
+	)
+	p.unmapped.Ascend(func(c *arena.Block) bool {
+		var pre uint64
+		if mergeable(c.Prev) {
+			pre = c.Prev.Size
+		}
+		need := roundUp(rounded-min(pre, rounded-1), p.pageSize)
+		if need <= c.Size {
+			u, mapLen = c, need
+			return false
+		}
+		if mergeable(c.Next) && pre+c.Size+c.Next.Size >= rounded {
+			u, mapLen = c, c.Size
+			return false
+		}
+		return true
+	})
+	if u == nil {
+		if p.nexp >= a.cfg.MaxSegmentsPerPool {
+			return nil, errNoVA
+		}
+		mapLen = roundUp(rounded, p.pageSize)
+		if a.overCap(mapLen) {
+			return nil, backend.Errorf(backend.OpMap, backend.ErrOutOfMemory, "", "per_process_memory_fraction cap %d bytes reached", a.allowed)
+		}
+		s, err := segment.New(a.drv, segment.Config{
+			Device: a.dev, Prop: backend.DeviceProp(a.dev), PageSize: p.pageSize,
+			VASize: max(p.vaSize, mapLen), Cache: p.cache, Counters: &a.counters,
+		})
+		if err != nil {
+			if errors.Is(err, backend.ErrOutOfMemory) {
+				return nil, errNoVA
+			}
+			return nil, err
+		}
+		sg := &seg{s: s, pool: p, expandable: true}
+		sg.r = arena.NewRegion(&a.bpool, s.Base(), s.Size(), arena.Unmapped, 0, sg)
+		a.addSeg(sg)
+		p.nexp++
+		p.unmapped.ReplaceOrInsert(sg.r.Head)
+		a.st.Segment.Add(p.kind, 1)
+		u = sg.r.Head
+	}
+	if a.overCap(mapLen) {
+		return nil, backend.Errorf(backend.OpMap, backend.ErrOutOfMemory, "", "per_process_memory_fraction cap %d bytes reached", a.allowed)
+	}
+	sg := u.Region.Owner.(*seg)
+	if err := sg.s.Map(uint64(u.Addr-sg.r.Base), mapLen); err != nil {
+		a.maybeDropEmpty(sg)
+		return nil, err
+	}
+	p.unmapped.Delete(u)
+	if mapLen < u.Size {
+		rest := arena.Split(&a.bpool, u, mapLen)
+		p.unmapped.ReplaceOrInsert(rest)
+	}
+	u.State = arena.Free
+	u.Stream = ss.stream
+	a.st.ReservedBytes.Add(p.kind, int64(mapLen))
+	b := u
+	if mergeable(b.Prev) {
+		prev := b.Prev
+		fl.Remove(prev)
+		arena.Merge(&a.bpool, prev)
+		b = prev
+	}
+	if mergeable(b.Next) {
+		fl.Remove(b.Next)
+		arena.Merge(&a.bpool, b)
+	}
+	return b, nil
+}
+
+// addSeg inserts sg into the address-ordered segment list. mu held.
+func (a *Allocator) addSeg(sg *seg) {
+	i := sort.Search(len(a.segs), func(i int) bool { return a.segs[i].r.Base > sg.r.Base })
+	a.segs = append(a.segs, nil)
+	copy(a.segs[i+1:], a.segs[i:])
+	a.segs[i] = sg
+}
+
+// dropSeg forgets a destroyed or released segment and its blocks,
+// adjusting statistics; mapped is the bytes it had mapped. mu held.
+func (a *Allocator) dropSeg(sg *seg, mapped uint64) {
+	p := sg.pool
+	for b := sg.r.Head; b != nil; {
+		next := b.Next
+		switch b.State {
+		case arena.Free:
+			a.countInactive(p, b, -1)
+			a.streams[b.Stream].free[p.idx].Remove(b)
+		case arena.Unmapped:
+			p.unmapped.Delete(b)
+		case arena.Allocated, arena.PendingFree:
+			delete(a.live, b.Addr)
+			n := int64(b.Size)
+			if b.State == arena.Allocated {
+				a.st.Allocation.Add(p.kind, -1)
+				a.st.AllocatedBytes.Add(p.kind, -n)
+			}
+			a.st.Active.Add(p.kind, -1)
+			a.st.ActiveBytes.Add(p.kind, -n)
+			a.st.RequestedBytes.Add(p.kind, -int64(b.Requested))
+		}
+		a.bpool.Put(b)
+		b = next
+	}
+	if sg.expandable {
+		p.nexp--
+	}
+	a.st.ReservedBytes.Add(p.kind, -int64(mapped))
+	a.st.Segment.Add(p.kind, -1)
+	if !sg.expandable && a.cfg.MaxSplitSize != 0 && sg.r.Size >= a.cfg.MaxSplitSize {
+		a.st.OversizeSegments.Add(-1)
+	}
+	for i, s := range a.segs {
+		if s == sg {
+			a.segs = append(a.segs[:i], a.segs[i+1:]...)
+			break
+		}
+	}
+	sg.r.Head = nil
+}
+
+// destroyZombies retries the teardown of segments whose creation failed
+// and could not be rolled back at once. mu held.
+func (a *Allocator) destroyZombies() error {
+	var errs []error
+	kept := a.zombies[:0]
+	for _, z := range a.zombies {
+		if err := z.Destroy(); err != nil {
+			errs = append(errs, err)
+			kept = append(kept, z)
+		}
+	}
+	clear(a.zombies[len(kept):])
+	a.zombies = kept
+	return errors.Join(errs...)
+}
+
+// maybeDropEmpty releases an expandable segment with nothing mapped. mu held.
+func (a *Allocator) maybeDropEmpty(sg *seg) {
+	if !sg.expandable || sg.r.Head.State != arena.Unmapped || sg.r.Head.Next != nil {
+		return
+	}
+	if err := sg.s.Release(); err != nil {
+		return // keep it; a later release retries
+	}
+	a.dropSeg(sg, 0)
+}

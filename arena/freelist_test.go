@@ -1,0 +1,164 @@
+package arena
+
+import (
+	"math/rand/v2"
+	"sort"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+func blk(addr uintptr, size uint64) *Block { return &Block{Addr: addr, Size: size} }
+
+func TestClassOf(t *testing.T) {
+	cases := []struct {
+		size  uint64
+		class int
+	}{
+		{0, 0}, {1, 1}, {15, 15}, {16, 16}, {17, 17}, {31, 31}, {32, 32}, {33, 32}, {34, 33},
+		{512, 6*16 + 0}, {544, 6*16 + 1}, {1023, 6*16 + 15}, {1024, 7 * 16},
+		{2 << 20, 18 * 16}, {1<<63 + 1<<62, 60*16 + 8},
+	}
+	for _, c := range cases {
+		assert.Equal(t, c.class, classOf(c.size), "size %d", c.size)
+		assert.LessOrEqual(t, ClassLowerBound(c.class), c.size, "size %d", c.size)
+		if c.class+1 < numClass {
+			assert.Greater(t, ClassLowerBound(c.class+1), c.size, "size %d", c.size)
+		}
+	}
+}
+
+// TestClassWidth states the class table's spread: every class spans at most
+// 1/16 of its lower bound, so blocks in one class differ by < 6.25%.
+func TestClassWidth(t *testing.T) {
+	worst := 0.0
+	for c := linearMax; c+1 < numClass; c++ {
+		lo, hi := ClassLowerBound(c), ClassLowerBound(c+1)
+		require.Greater(t, hi, lo)
+		w := float64(hi-lo) / float64(lo)
+		if w > worst {
+			worst = w
+		}
+	}
+	assert.InDelta(t, 1.0/16, worst, 1e-9)
+}
+
+func TestBestFitTable(t *testing.T) {
+	// Given these free blocks, a request of N lands at X.
+	blocks := []*Block{blk(0x1000, 512), blk(0x2000, 2048), blk(0x3000, 2048), blk(0x4000, 1<<20), blk(0x5000, 1536)}
+	cases := []struct {
+		req  uint64
+		want uintptr // 0 = none
+	}{
+		{1, 0x1000}, {512, 0x1000}, {513, 0x5000}, {1536, 0x5000}, {1537, 0x2000},
+		{2048, 0x2000}, {4096, 0x4000}, {1 << 20, 0x4000}, {1<<20 + 1, 0},
+	}
+	var l FreeList
+	for _, b := range blocks {
+		l.Insert(b)
+	}
+	for _, c := range cases {
+		got := l.BestFit(c.req)
+		if c.want == 0 {
+			assert.Nil(t, got, "req %d", c.req)
+			continue
+		}
+		require.NotNil(t, got, "req %d", c.req)
+		assert.Equal(t, c.want, got.Addr, "req %d", c.req)
+	}
+	assert.Equal(t, 5, l.Len())
+	assert.Equal(t, uint64(512+2048*2+1<<20+1536), l.Bytes())
+	assert.Equal(t, uintptr(0x4000), l.Largest().Addr)
+}
+
+// TestFreeListAgainstModel drives FreeList, BTreeFreeList and a sorted slice
+// with the same random operations and compares every answer.
+func TestFreeListAgainstModel(t *testing.T) {
+	rng := rand.New(rand.NewPCG(1, 2))
+	var l FreeList
+	bt := NewBTreeFreeList()
+	var model []*Block
+	next := uintptr(0x10000)
+	for i := 0; i < 20000; i++ {
+		switch op := rng.IntN(3); {
+		case op == 0 || len(model) == 0:
+			sz := uint64(rng.IntN(64)+1) * 512
+			if rng.IntN(4) == 0 {
+				sz = uint64(rng.Int64N(1 << 30))
+			}
+			b := blk(next, sz)
+			next += 1 << 32
+			l.Insert(b)
+			bt.Insert(b)
+			model = append(model, b)
+		case op == 1:
+			k := rng.IntN(len(model))
+			b := model[k]
+			l.Remove(b)
+			bt.Remove(b)
+			model = append(model[:k], model[k+1:]...)
+		default:
+			req := uint64(rng.Int64N(1<<20) + 1)
+			if rng.IntN(8) == 0 {
+				req = uint64(rng.Int64N(1 << 31))
+			}
+			sort.Slice(model, func(i, j int) bool { return less(model[i], model[j]) })
+			var want *Block
+			for _, b := range model {
+				if b.Size >= req {
+					want = b
+					break
+				}
+			}
+			assert.Same(t, want, l.BestFit(req))
+			assert.Same(t, want, bt.BestFit(req))
+		}
+		require.Equal(t, len(model), l.Len())
+		require.Equal(t, len(model), bt.Len())
+	}
+	var sum uint64
+	count := 0
+	var last *Block
+	l.Each(func(b *Block) bool {
+		if last != nil {
+			assert.True(t, less(last, b))
+		}
+		last = b
+		sum += b.Size
+		count++
+		return true
+	})
+	assert.Equal(t, len(model), count)
+	assert.Equal(t, l.Bytes(), sum)
+	assert.Equal(t, bt.Bytes(), sum)
+}
+
+func TestSplitMerge(t *testing.T) {
+	var pool BlockPool
+	r := NewRegion(&pool, 0x1000_0000, 8192, Free, 7, nil)
+	hi := Split(&pool, r.Head, 2048)
+	assert.Equal(t, uintptr(0x1000_0000+2048), hi.Addr)
+	assert.Equal(t, uint64(6144), hi.Size)
+	assert.Equal(t, uint64(2048), r.Head.Size)
+	assert.Equal(t, Free, hi.State)
+	assert.Equal(t, r, hi.Region)
+	assert.Same(t, hi, r.Head.Next)
+	assert.Same(t, r.Head, hi.Prev)
+	assert.True(t, hi.IsSplit())
+	assert.Same(t, hi, r.Find(0x1000_0000+4000))
+	assert.Nil(t, r.Find(0x1000_0000+8192))
+	Merge(&pool, r.Head)
+	assert.Equal(t, uint64(8192), r.Head.Size)
+	assert.Nil(t, r.Head.Next)
+	assert.Equal(t, 1, pool.Len())
+	assert.False(t, r.Head.IsSplit())
+}
+
+func TestInsertRemovePanicsOnMisuse(t *testing.T) {
+	var l, m FreeList
+	b := blk(1, 512)
+	l.Insert(b)
+	assert.Panics(t, func() { l.Insert(b) })
+	assert.Panics(t, func() { m.Remove(b) })
+}
