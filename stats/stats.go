@@ -5,7 +5,50 @@
 //
 // stats is a leaf package: it imports nothing of vmmalloc, so allocators,
 // replay tools and exporters can all share its types. Nothing here locks;
-// the owner of a DeviceStats guards it (the allocator's device mutex).
+// the owner of a DeviceStats or a History guards it (the allocator's device
+// mutex). The reporting functions only read the record they are given, so
+// the owner takes its lock (or copies the record, which is a plain value)
+// before calling them.
+//
+// # Counters
+//
+// A Stat moves only through Add. Every positive delta raises Current and
+// Allocated (and Peak when Current passes it); every negative delta lowers
+// Current and raises Freed, so at any time
+//
+//	Current == Allocated - Freed + (Current at the last ResetAccumulated)
+//
+// and Peak >= Current. ResetPeak (torch.cuda.reset_peak_memory_stats) sets
+// Peak to Current; ResetAccumulated (torch.cuda.reset_accumulated_memory_stats)
+// zeroes Allocated, Freed and the event counters but leaves Current and
+// Peak alone. A StatArray keeps one Stat per pool plus the aggregate; as
+// long as every delta names SmallPool or LargePool, StatArray.Add keeps the
+// aggregate equal to the sum of the pools.
+//
+// The block states the counters follow are PyTorch's:
+//
+//	          malloc                 free (no stream uses)
+//	inactive -------> allocated ----------------------------> inactive
+//	                      |                                      ^
+//	                      | free (stream uses pending)           | events done
+//	                      v                                      |
+//	               active_pending_free ---------------------------+
+//
+// allocation/allocated_bytes/requested_bytes count the allocated state;
+// active/active_bytes count allocated plus active_pending_free;
+// inactive_split counts free blocks cut from a larger classic segment;
+// segment/reserved_bytes count what the driver has mapped. An unmapped
+// block (a hole in an expandable segment) counts in none of them.
+//
+// # Reports
+//
+// Flatten names every counter as torch.cuda.memory_stats() does
+// ("reserved_bytes.large_pool.peak"), plus vmmalloc's driver counters.
+// Summary renders the memory_summary() table. WriteJSON and
+// WritePrometheus export the flattened record. SegmentTable lists the
+// segments of a Snapshot. History is the fixed-size ring of TraceEntry
+// records behind torch.cuda.memory._record_memory_history. All output is
+// deterministic: the same record always yields the same bytes.
 package stats
 
 // Stat tracks one quantity over time. Units are the caller's (bytes or a
@@ -44,12 +87,14 @@ func (s *Stat) ResetAccumulated() { s.Allocated, s.Freed = 0, 0 }
 type PoolKind int
 
 const (
-	AllPools  PoolKind = iota // aggregate of every pool
-	SmallPool                 // blocks of at most 1 MiB
-	LargePool                 // blocks above 1 MiB
-	NumPoolKinds
+	AllPools     PoolKind = iota // aggregate of every pool
+	SmallPool                    // blocks of at most 1 MiB
+	LargePool                    // blocks above 1 MiB
+	NumPoolKinds                 // number of entries in a StatArray; not a pool
 )
 
+// String returns the pool's name as it appears in flattened keys:
+// "all", "small_pool" or "large_pool" ("unknown_pool" otherwise).
 func (p PoolKind) String() string {
 	switch p {
 	case AllPools:
@@ -62,13 +107,22 @@ func (p PoolKind) String() string {
 	return "unknown_pool"
 }
 
+// Valid reports whether p names one of the entries of a StatArray
+// (AllPools, SmallPool or LargePool).
+func (p PoolKind) Valid() bool { return p >= AllPools && p < NumPoolKinds }
+
 // StatArray is a Stat for the aggregate and for each pool.
 type StatArray [NumPoolKinds]Stat
 
-// Add applies delta to the aggregate and to pool p.
+// Add applies delta to the aggregate and to pool p (SmallPool or
+// LargePool). With p == AllPools, or a p that is not Valid, only the
+// aggregate changes: the aggregate is never counted twice and an unknown
+// pool never indexes out of range.
 func (a *StatArray) Add(p PoolKind, delta int64) {
 	a[AllPools].Add(delta)
-	a[p].Add(delta)
+	if p != AllPools && p.Valid() {
+		a[p].Add(delta)
+	}
 }
 
 // ResetPeak resets the peak of every entry.
