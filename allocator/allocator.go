@@ -200,13 +200,10 @@ func (a *Allocator) roundSize(size uint64) uint64 {
 	if size <= minBlockSize {
 		return minBlockSize
 	}
-	idx := 0
-	if size > mib {
-		idx = bitsLen((size - 1) >> 20)
-		if idx >= numRoundupBuckets {
-			idx = numRoundupBuckets - 1
-		}
-	}
+	// Bucket i holds sizes in [2^i, 2^(i+1)) MiB; sizes below 1 MiB use
+	// bucket 0, sizes of 32 GiB and up bucket 15.
+	idx := max(bitsLen(size>>20)-1, 0)
+	idx = min(idx, numRoundupBuckets-1)
 	if d := uint64(a.cfg.RoundupPower2Divisions[idx]); d > 1 && size > minBlockSize*d {
 		floor := uint64(1) << (bitsLen(size) - 1)
 		if floor != size {
@@ -516,7 +513,8 @@ func (a *Allocator) Close() error {
 			continue
 		}
 		a.counters.StreamSyncs++
-		if err := a.drv.StreamSynchronize(ss.stream); err != nil {
+		if err := a.drv.StreamSynchronize(ss.stream); err != nil && !errors.Is(err, backend.ErrInvalidArgument) {
+			// A stream the caller destroyed has nothing left to wait for.
 			errs = append(errs, err)
 		}
 		for _, pe := range ss.queue {

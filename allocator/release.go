@@ -168,10 +168,11 @@ func (a *Allocator) releaseStream(ss *streamState, target uint64, needSync bool)
 	}
 	var errs []error
 	for i := len(blocks) - 1; i >= 0; i-- { // Each yields ascending sizes
-		if uint64(a.st.ReservedBytes[0].Current) <= target {
+		reserved := uint64(a.st.ReservedBytes[0].Current)
+		if reserved <= target {
 			break
 		}
-		if err := a.releaseBlock(ss, blocks[i]); err != nil {
+		if err := a.releaseBlock(ss, blocks[i], reserved-target); err != nil {
 			errs = append(errs, err)
 		}
 	}
@@ -192,8 +193,10 @@ func (a *Allocator) releasable(b *arena.Block) bool {
 }
 
 // releaseBlock returns the memory of free block b (whose stream work is
-// known complete) to the driver. mu held.
-func (a *Allocator) releaseBlock(ss *streamState, b *arena.Block) error {
+// known complete) to the driver: a whole classic segment, or at most
+// limit bytes of the whole pages inside an expandable block, taken from
+// its high end so the heap stays low. mu held.
+func (a *Allocator) releaseBlock(ss *streamState, b *arena.Block, limit uint64) error {
 	sg := b.Region.Owner.(*seg)
 	p := sg.pool
 	fl := ss.free[p.idx]
@@ -209,6 +212,12 @@ func (a *Allocator) releaseBlock(ss *streamState, b *arena.Block) error {
 	off := uint64(b.Addr - sg.r.Base)
 	lo := roundUp(off, ps)
 	hi := roundDown(off+b.Size, ps)
+	if hi-lo > limit {
+		lo = hi - roundDown(limit, ps)
+	}
+	if lo >= hi {
+		return nil
+	}
 	fl.Remove(b)
 	done, err := sg.s.Unmap(lo, hi-lo)
 	if done == 0 {
