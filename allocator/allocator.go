@@ -28,7 +28,7 @@ type Allocator struct {
 
 	mu       sync.Mutex
 	closed   bool                            // guarded by mu
-	live     map[uintptr]*arena.Block        // allocated blocks by address; mu
+	live     ptrTable                        // allocated blocks by address; mu
 	streams  map[backend.Stream]*streamState // validated streams; mu
 	lastS    *streamState                    // most recently used stream; mu
 	pools    [2]pool                         // small, large; mu
@@ -118,7 +118,6 @@ func New(drv backend.Driver, cfg Config) (*Allocator, error) {
 		dev:     cfg.Device,
 		total:   total,
 		allowed: total,
-		live:    make(map[uintptr]*arena.Block),
 		streams: make(map[backend.Stream]*streamState),
 	}
 	if cfg.PerProcessMemoryFraction < 1 {
@@ -275,7 +274,7 @@ func (a *Allocator) bestFit(ss *streamState, p *pool, rounded uint64) *arena.Blo
 	return b
 }
 
-func (a *Allocator) isExpandable(b *arena.Block) bool { return b.Region.Owner.(*seg).expandable }
+func (a *Allocator) isExpandable(b *arena.Block) bool { return b.Region.Expandable }
 
 func (a *Allocator) shouldSplit(p *pool, b *arena.Block, rounded uint64) bool {
 	rem := b.Size - rounded
@@ -309,13 +308,13 @@ func (a *Allocator) allocFound(ss *streamState, p *pool, b *arena.Block, rounded
 	}
 	b.State = arena.Allocated
 	b.Requested = size
-	a.live[b.Addr] = b
+	a.live.Put(b.Addr, b)
 	n := int64(b.Size)
-	a.st.Allocation.Add(p.kind, 1)
-	a.st.AllocatedBytes.Add(p.kind, n)
-	a.st.Active.Add(p.kind, 1)
-	a.st.ActiveBytes.Add(p.kind, n)
-	a.st.RequestedBytes.Add(p.kind, int64(size))
+	a.st.Allocation.Inc(p.kind, 1)
+	a.st.AllocatedBytes.Inc(p.kind, n)
+	a.st.Active.Inc(p.kind, 1)
+	a.st.ActiveBytes.Inc(p.kind, n)
+	a.st.RequestedBytes.Inc(p.kind, int64(size))
 	if a.cfg.MaxSplitSize != 0 && b.Size >= a.cfg.MaxSplitSize {
 		a.st.OversizeAllocations.Add(1)
 	}
@@ -330,8 +329,8 @@ func (a *Allocator) Free(ptr uintptr) error {
 	if a.closed {
 		return ErrClosed
 	}
-	b, ok := a.live[ptr]
-	if !ok {
+	b := a.live.Get(ptr)
+	if b == nil {
 		return a.badPointer(ptr)
 	}
 	if len(b.Uses) > 0 {
@@ -339,11 +338,10 @@ func (a *Allocator) Free(ptr uintptr) error {
 			return err
 		}
 	}
-	delete(a.live, ptr)
+	a.live.Delete(ptr)
 	p := &a.pools[poolIdx(b)]
-	n := int64(b.Size)
-	a.st.Allocation.Add(p.kind, -1)
-	a.st.AllocatedBytes.Add(p.kind, -n)
+	a.st.Allocation.Dec(p.kind, 1)
+	a.st.AllocatedBytes.Dec(p.kind, int64(b.Size))
 	if a.cfg.MaxSplitSize != 0 && b.Size >= a.cfg.MaxSplitSize {
 		a.st.OversizeAllocations.Add(-1)
 	}
@@ -356,7 +354,7 @@ func (a *Allocator) Free(ptr uintptr) error {
 	return nil
 }
 
-func poolIdx(b *arena.Block) int { return b.Region.Owner.(*seg).pool.idx }
+func poolIdx(b *arena.Block) int { return int(b.Region.Pool) }
 
 // badPointer classifies a pointer that is not a live allocation. mu held.
 func (a *Allocator) badPointer(ptr uintptr) error {
@@ -392,10 +390,9 @@ func (a *Allocator) freeBlock(b *arena.Block) {
 	ss := a.streams[b.Stream]
 	p := &a.pools[poolIdx(b)]
 	fl := ss.free[p.idx]
-	size := int64(b.Size)
-	a.st.Active.Add(p.kind, -1)
-	a.st.ActiveBytes.Add(p.kind, -size)
-	a.st.RequestedBytes.Add(p.kind, -int64(b.Requested))
+	a.st.Active.Dec(p.kind, 1)
+	a.st.ActiveBytes.Dec(p.kind, int64(b.Size))
+	a.st.RequestedBytes.Dec(p.kind, int64(b.Requested))
 	b.State = arena.Free
 	b.Requested = 0
 	b.Uses = b.Uses[:0]
@@ -423,8 +420,8 @@ func (a *Allocator) RecordStream(ptr uintptr, s backend.Stream) error {
 	if a.closed {
 		return ErrClosed
 	}
-	b, ok := a.live[ptr]
-	if !ok {
+	b := a.live.Get(ptr)
+	if b == nil {
 		return a.badPointer(ptr)
 	}
 	ss, err := a.stream(s)
@@ -557,7 +554,7 @@ func (a *Allocator) Close() error {
 			a.defaultS = 0
 		}
 	}
-	a.live = map[uintptr]*arena.Block{}
+	a.live.Reset()
 	return errors.Join(errs...)
 }
 

@@ -128,7 +128,7 @@ func (a *Allocator) check() error {
 					return corrupt("block %#x: requested %d of %d bytes", b.Addr, b.Requested, b.Size)
 				}
 				if b.State == arena.Allocated {
-					if a.live[b.Addr] != b {
+					if a.live.Get(b.Addr) != b {
 						return corrupt("allocated block %#x missing from the live map", b.Addr)
 					}
 					nLive++
@@ -153,8 +153,8 @@ func (a *Allocator) check() error {
 			return corrupt("segment %#x: %d bytes outside unmapped blocks but %d mapped", r.Base, r.Size-unmappedBytes, sg.s.MappedBytes())
 		}
 	}
-	if nLive != len(a.live) {
-		return corrupt("live map holds %d blocks, segments %d", len(a.live), nLive)
+	if nLive != a.live.Len() {
+		return corrupt("live map holds %d blocks, segments %d", a.live.Len(), nLive)
 	}
 	for i := range a.pools {
 		if a.pools[i].unmapped.Len() != nUnmapped[i] {

@@ -129,6 +129,7 @@ func (a *Allocator) growClassic(ss *streamState, p *pool, rounded uint64) (*aren
 	}
 	sg := &seg{s: s, pool: p}
 	sg.r = arena.NewRegion(&a.bpool, s.Base(), s.Size(), arena.Free, ss.stream, sg)
+	sg.r.Pool = uint8(p.idx)
 	a.addSeg(sg)
 	a.st.Segment.Add(p.kind, 1)
 	a.st.ReservedBytes.Add(p.kind, int64(s.MappedBytes()))
@@ -188,6 +189,7 @@ func (a *Allocator) growExpandable(ss *streamState, p *pool, rounded uint64) (*a
 		}
 		sg := &seg{s: s, pool: p, expandable: true}
 		sg.r = arena.NewRegion(&a.bpool, s.Base(), s.Size(), arena.Unmapped, 0, sg)
+		sg.r.Pool, sg.r.Expandable = uint8(p.idx), true
 		a.addSeg(sg)
 		p.nexp++
 		p.unmapped.ReplaceOrInsert(sg.r.Head)
@@ -245,7 +247,7 @@ func (a *Allocator) dropSeg(sg *seg, mapped uint64) {
 		case arena.Unmapped:
 			p.unmapped.Delete(b)
 		case arena.Allocated, arena.PendingFree:
-			delete(a.live, b.Addr)
+			a.live.Delete(b.Addr)
 			n := int64(b.Size)
 			if b.State == arena.Allocated {
 				a.st.Allocation.Add(p.kind, -1)

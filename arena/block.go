@@ -7,13 +7,13 @@
 // Blocks linked in address order (Prev/Next). A block is in one of four
 // states:
 //
-//	            Split/Alloc                Free (no recorded streams)
-//	 Free  ───────────────────▶ Allocated ─────────────────────────────▶ Free
-//	  ▲  │                          │ Free (recorded streams)            ▲
-//	  │  │ unmap pages              ▼                                    │
-//	  │  ▼                     PendingFree ── every event completed ─────┘
-//	 Unmapped
-//	  (map pages: Unmapped → Free)
+//	           Split/Alloc                Free (no recorded streams)
+//	Free  ───────────────────▶ Allocated ─────────────────────────────▶ Free
+//	 ▲  │                          │ Free (recorded streams)            ▲
+//	 │  │ unmap pages              ▼                                    │
+//	 │  ▼                     PendingFree ── every event completed ─────┘
+//	Unmapped
+//	 (map pages: Unmapped → Free)
 //
 // Free blocks are mapped and sit in exactly one FreeList (their stream's, in
 // their pool). Unmapped blocks are address space with no physical memory;
@@ -85,10 +85,10 @@ type Block struct {
 	Prev, Next *Block  // address-ordered neighbours in Region; nil at the ends
 	Region     *Region // the region the block tiles
 
-	list       *FreeList // free list holding the block, or nil
-	lprev      *Block    // class-list neighbours
-	lnext      *Block
-	class      int32
+	list  *FreeList // free list holding the block, or nil
+	lprev *Block    // class-list neighbours
+	lnext *Block
+	class int32
 }
 
 // End is the address one past the block.
@@ -106,6 +106,11 @@ type Region struct {
 	Size  uint64  // nbytes
 	Head  *Block  // lowest block
 	Owner any     // the allocator's segment record
+
+	// Pool and Expandable are the owner's facts about the region, kept here
+	// so the hot path reads them without a type assertion on Owner.
+	Pool       uint8 // index of the owner's pool
+	Expandable bool  // pages may be unmapped and mapped independently
 }
 
 // End is the address one past the region.

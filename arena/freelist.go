@@ -34,11 +34,11 @@ func ClassLowerBound(c int) uint64 {
 // FreeList is a TLSF index of free blocks ordered by (size, address)
 // within each class. The zero value is an empty list.
 type FreeList struct {
-	flMap uint64            // bit f set: some class in first level f is non-empty
-	slMap [flCount]uint16   // bit s of slMap[f] set: class f*16+s non-empty
-	heads [numClass]*Block  // class lists, ascending (size, address)
-	n     int               // blocks in the list
-	bytes uint64            // nbytes in the list
+	flMap uint64           // bit f set: some class in first level f is non-empty
+	slMap [flCount]uint16  // bit s of slMap[f] set: class f*16+s non-empty
+	heads [numClass]*Block // class lists, ascending (size, address)
+	n     int              // blocks in the list
+	bytes uint64           // nbytes in the list
 }
 
 // Len is the number of blocks in the list.

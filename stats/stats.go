@@ -125,6 +125,28 @@ func (a *StatArray) Add(p PoolKind, delta int64) {
 	}
 }
 
+// Inc adds n ≥ 0 to the aggregate and to pool p, which must be SmallPool
+// or LargePool. It is Add without the checks, for hot paths.
+func (a *StatArray) Inc(p PoolKind, n int64) {
+	a[AllPools].inc(n)
+	a[p].inc(n)
+}
+
+// Dec subtracts n ≥ 0 from the aggregate and from pool p, which must be
+// SmallPool or LargePool. It is Add without the checks, for hot paths.
+func (a *StatArray) Dec(p PoolKind, n int64) {
+	a[AllPools].Current -= n
+	a[AllPools].Freed += n
+	a[p].Current -= n
+	a[p].Freed += n
+}
+
+func (s *Stat) inc(n int64) {
+	s.Current += n
+	s.Allocated += n
+	s.Peak = max(s.Peak, s.Current)
+}
+
 // ResetPeak resets the peak of every entry.
 func (a *StatArray) ResetPeak() {
 	for i := range a {

@@ -1,0 +1,56 @@
+package allocator
+
+import (
+	"math/rand/v2"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"github.com/vmmalloc/vmmalloc/arena"
+)
+
+// TestPtrTableAgainstMap drives ptrTable and a Go map with the same random
+// operations, with clustered keys that collide in the probe sequence.
+func TestPtrTableAgainstMap(t *testing.T) {
+	rng := rand.New(rand.NewPCG(3, 4))
+	var tab ptrTable
+	ref := map[uintptr]*arena.Block{}
+	var keys []uintptr
+	for i := 0; i < 200_000; i++ {
+		switch {
+		case rng.IntN(3) != 0 || len(keys) == 0:
+			k := uintptr(rng.IntN(1<<14)+1) * 512
+			if rng.IntN(2) == 0 {
+				k = uintptr(rng.Uint64N(1<<40)+1) * 512
+			}
+			b := &arena.Block{Addr: k}
+			if _, ok := ref[k]; !ok {
+				keys = append(keys, k)
+			}
+			tab.Put(k, b)
+			ref[k] = b
+		default:
+			j := rng.IntN(len(keys))
+			k := keys[j]
+			keys[j] = keys[len(keys)-1]
+			keys = keys[:len(keys)-1]
+			tab.Delete(k)
+			delete(ref, k)
+		}
+		if i%1000 == 0 {
+			require.Equal(t, len(ref), tab.Len())
+			for k, v := range ref {
+				require.Same(t, v, tab.Get(k))
+			}
+			assert.Nil(t, tab.Get(1<<50), "never inserted")
+		}
+	}
+	n := 0
+	tab.Each(func(k uintptr, b *arena.Block) {
+		assert.Same(t, ref[k], b)
+		n++
+	})
+	assert.Equal(t, len(ref), n)
+	tab.Delete(1 << 50) // absent: no-op
+	assert.Equal(t, len(ref), tab.Len())
+}
