@@ -339,7 +339,7 @@ func TestOOMLadderUnmapsCachedPages(t *testing.T) {
 	// 1 GiB device: fill it in 100 MiB pieces on one stream, free them,
 	// then ask for 900 MiB on another stream: only unmapping the first
 	// stream's free pages (and dropping cached handles) makes room.
-	a, e := newAlloc(t, "", emulated.WithCapacity(1*gib))
+	a, e := newAlloc(t, "defrag_threshold:off", emulated.WithCapacity(1*gib))
 	s1, err := e.StreamCreate(0)
 	require.NoError(t, err)
 	var ptrs []uintptr
@@ -356,6 +356,43 @@ func TestOOMLadderUnmapsCachedPages(t *testing.T) {
 	assert.Equal(t, int64(1), a.Stats().NumAllocRetries)
 	mustCheck(t, a, e)
 	require.NoError(t, a.Free(q))
+}
+
+func TestDefragRemapsHoles(t *testing.T) {
+	// x (100 MiB) and y (2 MiB) on stream 0; free x, leaving a 100 MiB
+	// hole; then ask for 200 MiB, which fits no hole. Without defrag the
+	// heap maps 10 new pages; with it, 4 pages of the hole are unmapped
+	// (after one stream sync) and their handles remapped.
+	cases := []struct {
+		conf         string
+		wantReserved uint64
+		wantReused   int64
+	}{
+		{"defrag_threshold:off", 320 << 20, 0},
+		{"defrag_threshold:0.01", 240 << 20, 4},
+	}
+	for _, c := range cases {
+		t.Run(c.conf, func(t *testing.T) {
+			a, e := newAlloc(t, c.conf)
+			x, err := a.Malloc(100<<20, 0)
+			require.NoError(t, err)
+			y, err := a.Malloc(2<<20, 0)
+			require.NoError(t, err)
+			require.NoError(t, a.Free(x))
+			syncs := a.Stats().NumStreamSyncs
+			z, err := a.Malloc(200<<20, 0)
+			require.NoError(t, err)
+			mustCheck(t, a, e)
+			st := a.Stats()
+			assert.Equal(t, c.wantReserved, a.MemoryReserved())
+			assert.Equal(t, c.wantReused, st.HandlesReused)
+			if c.wantReused > 0 {
+				assert.Equal(t, syncs+1, st.NumStreamSyncs)
+			}
+			require.NoError(t, a.Free(y))
+			require.NoError(t, a.Free(z))
+		})
+	}
 }
 
 func TestMemoryFraction(t *testing.T) {

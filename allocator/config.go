@@ -65,6 +65,14 @@ type Config struct {
 	// HandleCacheSize is how many bytes of unmapped physical handles each
 	// pool keeps for reuse. Key: handle_cache_mb.
 	HandleCacheSize uint64
+	// DefragThreshold, for expandable segments: when growth would make a
+	// pool's mapped bytes exceed (1+DefragThreshold) × its allocated bytes
+	// plus one page, free pages stranded in holes are unmapped first (after
+	// synchronising their streams) and their physical handles remapped
+	// where the heap grows. Negative disables it (PyTorch's behaviour:
+	// never synchronise on growth). Key: defrag_threshold, a number ≥ 0 or
+	// "off".
+	DefragThreshold float64
 	// MaxSegmentsPerPool bounds the expandable VA reservations of a pool;
 	// with two pools the VA reserved per device is at most
 	// 2 × MaxSegmentsPerPool × 9/8 × device memory, whatever the number of
@@ -83,6 +91,7 @@ func DefaultConfig() Config {
 		ReleaseThreshold:         math.MaxUint64,
 		HandleCacheSize:          256 * mib,
 		MaxSegmentsPerPool:       2,
+		DefragThreshold:          0.01,
 	}
 }
 
@@ -189,6 +198,16 @@ func (c *Config) set(k, v string) error {
 		c.GarbageCollectionThreshold, err = parseFrac(k, v, 0, 1, false)
 	case "per_process_memory_fraction":
 		c.PerProcessMemoryFraction, err = parseFrac(k, v, 0, 1, true)
+	case "defrag_threshold":
+		if strings.EqualFold(v, "off") {
+			c.DefragThreshold = -1
+			return nil
+		}
+		f, perr := strconv.ParseFloat(v, 64)
+		if perr != nil || math.IsNaN(f) || f < 0 || f > 100 {
+			return badValue(k, v, "want a number in [0,100] or off")
+		}
+		c.DefragThreshold = f
 	case "max_segments_per_pool":
 		n, perr := strconv.Atoi(v)
 		if perr != nil || n < 1 || n > 64 {
@@ -292,6 +311,8 @@ func (c Config) Validate() error {
 		return bad("per_process_memory_fraction", "must be in (0,1]")
 	case c.GarbageCollectionThreshold < 0 || c.GarbageCollectionThreshold >= 1 || math.IsNaN(c.GarbageCollectionThreshold):
 		return bad("garbage_collection_threshold", "must be in [0,1)")
+	case math.IsNaN(c.DefragThreshold) || c.DefragThreshold > 100:
+		return bad("defrag_threshold", "must be at most 100, or negative for off")
 	case c.MaxSegmentsPerPool < 1:
 		return bad("max_segments_per_pool", "must be at least 1")
 	}
@@ -316,6 +337,11 @@ func (c Config) String() string {
 		fmt.Fprintf(b, ",release_threshold_mb:%d", c.ReleaseThreshold/mib)
 	}
 	fmt.Fprintf(b, ",handle_cache_mb:%d,max_segments_per_pool:%d", c.HandleCacheSize/mib, c.MaxSegmentsPerPool)
+	if c.DefragThreshold < 0 {
+		b.WriteString(",defrag_threshold:off")
+	} else {
+		fmt.Fprintf(b, ",defrag_threshold:%g", c.DefragThreshold)
+	}
 	if c.GarbageCollectionThreshold != 0 {
 		fmt.Fprintf(b, ",garbage_collection_threshold:%g", c.GarbageCollectionThreshold)
 	}

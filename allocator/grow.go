@@ -145,6 +145,9 @@ func (a *Allocator) growClassic(ss *streamState, p *pool, rounded uint64) (*aren
 // merged free block. With no such run it reserves a new segment if the VA
 // budget allows. mu held.
 func (a *Allocator) growExpandable(ss *streamState, p *pool, rounded uint64) (*arena.Block, error) {
+	if a.cfg.DefragThreshold >= 0 {
+		a.defragBeforeGrow(ss, p, rounded)
+	}
 	fl := ss.free[p.idx]
 	mergeable := func(b *arena.Block) bool {
 		return b != nil && b.State == arena.Free && b.Stream == ss.stream && fl.Contains(b)
@@ -224,6 +227,36 @@ func (a *Allocator) growExpandable(ss *streamState, p *pool, rounded uint64) (*a
 		arena.Merge(&a.bpool, b)
 	}
 	return b, nil
+}
+
+// defragBeforeGrow keeps reserved memory within defrag_threshold of
+// allocated memory: if mapping pages for rounded bytes would push the
+// pool's mapped bytes above (1+threshold) × its allocated bytes plus one
+// page, free pages of the pool (holes too small for the request) are
+// unmapped first, after synchronising the streams that own them, starting
+// with the requesting stream. Their handles go to the handle cache, so the
+// growth that follows remaps the same physical memory at the new address.
+// Failures are left to the growth (and the OOM ladder) to report. mu held.
+func (a *Allocator) defragBeforeGrow(ss *streamState, p *pool, rounded uint64) {
+	page := p.pageSize
+	reserved := uint64(a.st.ReservedBytes[p.kind].Current)
+	after := reserved + roundUp(rounded, page)
+	limit := uint64((1+a.cfg.DefragThreshold)*float64(uint64(a.st.AllocatedBytes[p.kind].Current)+rounded)) + page
+	if after <= limit {
+		return
+	}
+	excess := after - limit
+	total := uint64(a.st.ReservedBytes[0].Current)
+	target := total - min(excess, total)
+	_ = a.releaseStreamPool(ss, p.idx, target, true)
+	for _, other := range a.sortedStreams() {
+		if uint64(a.st.ReservedBytes[0].Current) <= target {
+			break
+		}
+		if other != ss {
+			_ = a.releaseStreamPool(other, p.idx, target, true)
+		}
+	}
 }
 
 // addSeg inserts sg into the address-ordered segment list. mu held.

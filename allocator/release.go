@@ -147,8 +147,17 @@ func (a *Allocator) releaseUntil(target uint64) error {
 // of ss, largest blocks first, until reserved bytes are at most target.
 // needSync says whether ss must be synchronised first. mu held.
 func (a *Allocator) releaseStream(ss *streamState, target uint64, needSync bool) error {
+	return a.releaseStreamPool(ss, -1, target, needSync)
+}
+
+// releaseStreamPool is releaseStream limited to pool index onlyPool (-1:
+// every pool). mu held.
+func (a *Allocator) releaseStreamPool(ss *streamState, onlyPool int, target uint64, needSync bool) error {
 	blocks := a.scratch[:0]
 	for i := range ss.free {
+		if onlyPool >= 0 && i != onlyPool {
+			continue
+		}
 		ss.free[i].Each(func(b *arena.Block) bool {
 			if a.releasable(b) {
 				blocks = append(blocks, b)
