@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"sort"
 	"strings"
 	"sync"
 	"testing"
@@ -49,6 +50,16 @@ func mustCheck(t testing.TB, a *Allocator, e *emulated.Emulator) {
 	require.Equal(t, len(res), live.Reservations, "reservations")
 	require.Equal(t, len(maps), live.Mappings, "mappings")
 	require.Equal(t, len(maps)+cached, live.Handles, "handles = mapped + cached")
+	// The same ranges, one by one (both lists ascend by address).
+	sort.Slice(res, func(i, j int) bool { return res[i].Addr < res[j].Addr })
+	for i, r := range e.Reservations() {
+		require.Equal(t, Range{r.VA, r.Size}, res[i], "reservation %d", i)
+	}
+	sort.Slice(maps, func(i, j int) bool { return maps[i].Addr < maps[j].Addr })
+	for i, m := range e.Mappings() {
+		require.Equal(t, Range{m.VA, m.Size}, maps[i], "mapping %d", i)
+		require.NotEmpty(t, m.Access, "mapping %d has no access set", i)
+	}
 	assert.Empty(t, e.Violations())
 }
 
@@ -369,7 +380,9 @@ func TestDefragRemapsHoles(t *testing.T) {
 		wantReused   int64
 	}{
 		{"defrag_threshold:off", 320 << 20, 0},
-		{"defrag_threshold:0.01", 240 << 20, 4},
+		// Excess 118 MiB over the bound, rounded up to 6 pages, of which
+		// the hole holds 5.
+		{"defrag_threshold:0.01", 220 << 20, 5},
 	}
 	for _, c := range cases {
 		t.Run(c.conf, func(t *testing.T) {
@@ -391,6 +404,33 @@ func TestDefragRemapsHoles(t *testing.T) {
 			}
 			require.NoError(t, a.Free(y))
 			require.NoError(t, a.Free(z))
+		})
+	}
+}
+
+func TestGarbageCollectionThreshold(t *testing.T) {
+	// 1 GiB device, fraction 0.5 (512 MiB allowed), GC at 0.5 of that:
+	// before growing past 256 MiB reserved, free cached pages are released.
+	for _, c := range []struct {
+		conf string
+		want uint64 // reserved after the second allocation
+	}{
+		{"per_process_memory_fraction:0.5,defrag_threshold:off", 400 << 20},
+		// 300 MiB reserved > 256 MiB: release 44 MiB, rounded up to 3 pages.
+		{"per_process_memory_fraction:0.5,garbage_collection_threshold:0.5,defrag_threshold:off", 340 << 20},
+	} {
+		t.Run(c.conf, func(t *testing.T) {
+			a, e := newAlloc(t, c.conf, emulated.WithCapacity(1*gib))
+			s1, err := e.StreamCreate(0)
+			require.NoError(t, err)
+			p, err := a.Malloc(300<<20, 0)
+			require.NoError(t, err)
+			require.NoError(t, a.Free(p))
+			q, err := a.Malloc(100<<20, s1)
+			require.NoError(t, err)
+			assert.Equal(t, c.want, a.MemoryReserved())
+			mustCheck(t, a, e)
+			require.NoError(t, a.Free(q))
 		})
 	}
 }

@@ -67,9 +67,9 @@ type Config struct {
 	HandleCacheSize uint64
 	// DefragThreshold, for expandable segments: when growth would make a
 	// pool's mapped bytes exceed (1+DefragThreshold) × its allocated bytes
-	// plus one page, free pages stranded in holes are unmapped first (after
-	// synchronising their streams) and their physical handles remapped
-	// where the heap grows. Negative disables it (PyTorch's behaviour:
+	// plus one page, the requesting stream's free pages stranded in holes
+	// are unmapped first (after synchronising that stream) and their
+	// physical handles remapped where the heap grows. Negative disables it (PyTorch's behaviour:
 	// never synchronise on growth). Key: defrag_threshold, a number ≥ 0 or
 	// "off".
 	DefragThreshold float64

@@ -232,10 +232,11 @@ func (a *Allocator) growExpandable(ss *streamState, p *pool, rounded uint64) (*a
 // defragBeforeGrow keeps reserved memory within defrag_threshold of
 // allocated memory: if mapping pages for rounded bytes would push the
 // pool's mapped bytes above (1+threshold) × its allocated bytes plus one
-// page, free pages of the pool (holes too small for the request) are
-// unmapped first, after synchronising the streams that own them, starting
-// with the requesting stream. Their handles go to the handle cache, so the
-// growth that follows remaps the same physical memory at the new address.
+// page, the requesting stream's free pages in the pool (holes too small
+// for the request) are unmapped first, after synchronising that stream.
+// Their handles go to the handle cache, so the growth that follows remaps
+// the same physical memory at the new address. Other streams' pages are
+// left to the out-of-memory ladder: growth never waits for another stream.
 // Failures are left to the growth (and the OOM ladder) to report. mu held.
 func (a *Allocator) defragBeforeGrow(ss *streamState, p *pool, rounded uint64) {
 	page := p.pageSize
@@ -249,14 +250,6 @@ func (a *Allocator) defragBeforeGrow(ss *streamState, p *pool, rounded uint64) {
 	total := uint64(a.st.ReservedBytes[0].Current)
 	target := total - min(excess, total)
 	_ = a.releaseStreamPool(ss, p.idx, target, true)
-	for _, other := range a.sortedStreams() {
-		if uint64(a.st.ReservedBytes[0].Current) <= target {
-			break
-		}
-		if other != ss {
-			_ = a.releaseStreamPool(other, p.idx, target, true)
-		}
-	}
 }
 
 // addSeg inserts sg into the address-ordered segment list. mu held.

@@ -202,9 +202,9 @@ func (a *Allocator) releasable(b *arena.Block) bool {
 }
 
 // releaseBlock returns the memory of free block b (whose stream work is
-// known complete) to the driver: a whole classic segment, or at most
-// limit bytes of the whole pages inside an expandable block, taken from
-// its high end so the heap stays low. mu held.
+// known complete) to the driver: a whole classic segment, or the whole
+// pages inside an expandable block, at most limit bytes rounded up to a
+// page, taken from its high end so the heap stays low. mu held.
 func (a *Allocator) releaseBlock(ss *streamState, b *arena.Block, limit uint64) error {
 	sg := b.Region.Owner.(*seg)
 	p := sg.pool
@@ -222,7 +222,7 @@ func (a *Allocator) releaseBlock(ss *streamState, b *arena.Block, limit uint64) 
 	lo := roundUp(off, ps)
 	hi := roundDown(off+b.Size, ps)
 	if hi-lo > limit {
-		lo = hi - roundDown(limit, ps)
+		lo = hi - roundUp(limit, ps)
 	}
 	if lo >= hi {
 		return nil
