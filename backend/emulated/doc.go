@@ -41,9 +41,12 @@
 //
 // # State machine of a reservation
 //
-//	ReserveAddress ──► reserved(empty) ──Map──► reserved(bound) ──Unmap of last──► reserved(empty)
-//	                         │                                                             │
-//	                         └────────────────────── ReleaseAddress ◄──────────────────────┘
+//	ReserveAddress ──► empty ───────Map──────► bound    (more Maps, and Unmaps
+//	                     │  ◄──Unmap of the last──        that leave one: bound)
+//	                     │      mapping
+//	                     │ ReleaseAddress (bound: rejected, R5)
+//	                     ▼
+//	                  released
 //
 // An empty reservation can be released (R5) and is not bound to anything.
 // The first Map binds it to the handle's location and to "local" or

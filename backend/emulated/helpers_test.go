@@ -77,3 +77,7 @@ func mapped(t *testing.T, e *emulated.Emulator, nres, size uint64) (uintptr, bac
 	require.NoError(t, e.SetAccess(va, size, rw0))
 	return va, h
 }
+
+// addr converts an address to uintptr; a function, so that the tests
+// compile on 32-bit platforms, where New refuses to run.
+func addr(a uint64) uintptr { return uintptr(a) }

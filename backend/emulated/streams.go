@@ -248,8 +248,8 @@ func (e *Emulator) StreamSynchronize(id backend.Stream) error {
 	return nil
 }
 
-// StreamDevice reports the device of s. It is not a driver primitive and
-// is not counted.
+// StreamDevice reports the device of s. It is not a driver primitive: it is
+// not counted, and its errors name OpStreamSync.
 func (e *Emulator) StreamDevice(id backend.Stream) (int, error) {
 	w := e.w
 	w.mu.Lock()
@@ -397,7 +397,7 @@ func (e *Emulator) Launch(id backend.Stream, va uintptr, size uint64) error {
 	}
 	s.submitted++
 	it := work{seq: s.submitted, va: uint64(va), size: size}
-	e.resolve(s, &it)
+	e.resolve(s, &it, s.held)
 	if !s.held {
 		s.completed++
 		return nil
@@ -407,8 +407,9 @@ func (e *Emulator) Launch(id backend.Stream, va uintptr, size uint64) error {
 	return nil
 }
 
-// resolve finds the memory work it touches and records an illegal access.
-func (e *Emulator) resolve(s *stream, it *work) {
+// resolve checks that work it may touch its range, recording an illegal
+// access otherwise, and, if keep, notes the memory it touches.
+func (e *Emulator) resolve(s *stream, it *work, keep bool) {
 	p := e.p
 	if it.size == 0 {
 		return
@@ -419,7 +420,9 @@ func (e *Emulator) resolve(s *stream, it *work) {
 		return
 	}
 	if x, ok := p.hosts.containing(it.va); ok && end <= x.end {
-		it.host = x.v
+		if keep {
+			it.host = x.v
+		}
 		return
 	}
 	if x, ok := p.devRegs.containing(it.va); ok && end <= x.end {
@@ -432,7 +435,9 @@ func (e *Emulator) resolve(s *stream, it *work) {
 			e.w.violate(ViolationIllegalAccess, s, it, "%#x is not mapped", a)
 			return
 		}
-		it.mems = append(it.mems, x.v.h.mem)
+		if keep {
+			it.mems = append(it.mems, x.v.h.mem)
+		}
 		if accessOf(x.v.access, dev) != backend.AccessReadWrite {
 			e.w.violate(ViolationIllegalAccess, s, it, "mapping at %#x is not read-write for device %d", x.start, s.dev)
 			return

@@ -141,10 +141,5 @@ func (x index[T]) overlaps(start, end uint64) bool {
 	return hit
 }
 
-// within calls fn for every range that starts in [start, end), in order.
-func (x index[T]) within(start, end uint64, fn func(entry[T]) bool) {
-	x.t.AscendRange(entry[T]{start: start}, entry[T]{start: end}, fn)
-}
-
 // each calls fn for every range in address order.
 func (x index[T]) each(fn func(entry[T]) bool) { x.t.Ascend(fn) }
