@@ -1,0 +1,946 @@
+// Package pickle decodes the data-only subset of Python's pickle format that
+// PyTorch memory snapshots (torch.cuda.memory._dump_snapshot) are written in.
+//
+// # Why a restricted decoder
+//
+// Unpickling in Python can import modules and call arbitrary functions: the
+// GLOBAL/STACK_GLOBAL opcodes name a callable and REDUCE/BUILD/NEWOBJ/OBJ/
+// INST call it. This decoder never resolves names or calls anything; it
+// refuses every such opcode with ErrForbidden (naming the opcode) before
+// touching the rest of the input. What remains is a plain stack machine over
+// containers and scalars.
+//
+// # Supported opcodes (protocols 2–5)
+//
+//   - framing/control: PROTO (versions 0–5), FRAME, STOP, MARK, POP, POP_MARK, DUP
+//   - memo: MEMOIZE, BINPUT, LONG_BINPUT, BINGET, LONG_BINGET
+//   - None/bool: NONE, NEWTRUE, NEWFALSE
+//   - int: BININT, BININT1, BININT2, LONG1, LONG4
+//   - float: BINFLOAT
+//   - str: SHORT_BINUNICODE, BINUNICODE, BINUNICODE8
+//   - bytes: SHORT_BINBYTES, BINBYTES, BINBYTES8, BYTEARRAY8
+//   - list: EMPTY_LIST, LIST, APPEND, APPENDS
+//   - tuple: EMPTY_TUPLE, TUPLE, TUPLE1, TUPLE2, TUPLE3
+//   - dict: EMPTY_DICT, DICT, SETITEM, SETITEMS
+//
+// Forbidden (ErrForbidden): GLOBAL, STACK_GLOBAL, REDUCE, BUILD, INST, OBJ,
+// NEWOBJ, NEWOBJ_EX, PERSID, BINPERSID, EXT1, EXT2, EXT4. Other opcodes that
+// pickle defines (the protocol-0 text opcodes, py2 strings, sets,
+// out-of-band buffers) fail with ErrUnsupported; bytes that are not pickle
+// opcodes fail with ErrUnknownOpcode. Input that ends early fails with
+// ErrTruncated, and structurally wrong input (stack underflow, APPEND to a
+// non-list, a missing memo entry, an unhashable dict key) with ErrMalformed.
+// All of these are returned inside an *Error carrying the offset and opcode.
+//
+// # Value mapping
+//
+//	None            nil
+//	bool            bool
+//	int             int64, or *big.Int when it does not fit in 64 bits
+//	float           float64
+//	str             string (bytes kept as written, not UTF-8 validated)
+//	bytes/bytearray []byte
+//	list, tuple     []any
+//	dict            map[string]any when every key is a str (an empty dict too),
+//	                otherwise *Dict, which keeps insertion order
+//
+// Sharing is preserved: an object referenced twice through the memo decodes
+// to one Go value (the same map or the same slice backing array), and
+// self-referencing containers decode to self-referencing Go values (so
+// callers walking arbitrary input must guard against cycles).
+//
+// # Resource bounds
+//
+// Decoding is a single pass over an in-memory buffer without recursion.
+// Every length prefix is checked against the bytes that remain before
+// anything is allocated, each opcode creates at most one value, and the
+// final conversion visits each container once, so time and memory are
+// linear in the input size. Read bounds the input size itself.
+//
+// The package holds no global state; Decode is safe for concurrent use.
+package pickle
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io"
+	"math"
+	"math/big"
+	"strconv"
+)
+
+// Sentinel errors, matched with errors.Is. Every error returned by Decode
+// and Read (other than an I/O error from the reader) is an *Error wrapping
+// exactly one of them.
+var (
+	// ErrForbidden reports an opcode that would import or call Python code
+	// (GLOBAL, STACK_GLOBAL, REDUCE, BUILD, INST, OBJ, NEWOBJ, NEWOBJ_EX,
+	// PERSID, BINPERSID, EXT1, EXT2, EXT4). Such input is refused.
+	ErrForbidden = errors.New("pickle: forbidden opcode")
+	// ErrUnsupported reports a valid pickle opcode outside the data subset
+	// this decoder implements, or a protocol newer than 5.
+	ErrUnsupported = errors.New("pickle: unsupported opcode")
+	// ErrUnknownOpcode reports a byte that is not a pickle opcode.
+	ErrUnknownOpcode = errors.New("pickle: unknown opcode")
+	// ErrTruncated reports input that ends before STOP or in the middle of
+	// an opcode argument, including a length prefix that claims more bytes
+	// than remain.
+	ErrTruncated = errors.New("pickle: truncated input")
+	// ErrMalformed reports input that is not a consistent pickle program:
+	// stack underflow, a missing MARK or memo entry, APPEND/SETITEM on the
+	// wrong type, an unhashable dict key.
+	ErrMalformed = errors.New("pickle: malformed input")
+	// ErrTooLarge reports input longer than the limit given to Read.
+	ErrTooLarge = errors.New("pickle: input too large")
+)
+
+// Error describes where and why decoding stopped.
+type Error struct {
+	Offset int64  // byte offset of the opcode that failed (input length for ErrTooLarge)
+	Op     byte   // the opcode byte at Offset; 0 when the input ended before an opcode
+	Err    error  // one of the package's sentinel errors
+	Detail string // human-readable specifics; may be empty
+}
+
+// Error implements error.
+func (e *Error) Error() string {
+	s := e.Err.Error()
+	switch {
+	case e.Err == ErrTooLarge:
+	case e.Op == 0 && e.Err != ErrUnknownOpcode: // not tied to an opcode (input ended)
+		s += fmt.Sprintf(" at offset %d", e.Offset)
+	default:
+		s += fmt.Sprintf(" %s (0x%02x) at offset %d", OpName(e.Op), e.Op, e.Offset)
+	}
+	if e.Detail != "" {
+		s += ": " + e.Detail
+	}
+	return s
+}
+
+// Unwrap returns the sentinel error.
+func (e *Error) Unwrap() error { return e.Err }
+
+// Dict is a decoded Python dict that has at least one key that is not a
+// str. Items are in insertion order; a key set twice keeps its first
+// position and its last value, as in Python. Keys are compared by Go type
+// and value (tuples element-wise), so unlike Python, True, 1 and 1.0 are
+// three different keys here.
+type Dict struct {
+	Items []Item // entries in insertion order
+}
+
+// Item is one key/value pair of a Dict.
+type Item struct {
+	Key   any // a hashable decoded value: nil, bool, int64, *big.Int, float64, string, []byte or a tuple ([]any)
+	Value any // any decoded value
+}
+
+// Len returns the number of entries.
+func (d *Dict) Len() int { return len(d.Items) }
+
+// Get returns the value for key, comparing keys as Dict documents. It is a
+// linear scan; the dicts this type represents are small in practice.
+func (d *Dict) Get(key any) (any, bool) {
+	want, err := hashKey(key, 0)
+	if err != nil {
+		return nil, false
+	}
+	for _, it := range d.Items {
+		if k, err := hashKey(it.Key, 0); err == nil && k == want {
+			return it.Value, true
+		}
+	}
+	return nil, false
+}
+
+// Decode decodes one pickle from data and returns its value. Bytes after
+// the STOP opcode are ignored, as Python's pickle.loads does. data is not
+// retained: strings and byte slices in the result are copies.
+func Decode(data []byte) (any, error) {
+	d := decoder{data: data}
+	return d.run()
+}
+
+// Read reads all of r (at most maxBytes bytes; maxBytes <= 0 means 1 GiB)
+// and decodes it with Decode. Input longer than maxBytes fails with
+// ErrTooLarge without being decoded.
+func Read(r io.Reader, maxBytes int64) (any, error) {
+	if maxBytes <= 0 {
+		maxBytes = 1 << 30
+	}
+	data, err := io.ReadAll(io.LimitReader(r, maxBytes+1))
+	if err != nil {
+		return nil, fmt.Errorf("pickle: reading input: %w", err)
+	}
+	if int64(len(data)) > maxBytes {
+		return nil, &Error{Offset: maxBytes, Err: ErrTooLarge,
+			Detail: fmt.Sprintf("more than %d bytes", maxBytes)}
+	}
+	return Decode(data)
+}
+
+// Opcodes.
+const (
+	opMark           = '('
+	opStop           = '.'
+	opPop            = '0'
+	opPopMark        = '1'
+	opDup            = '2'
+	opFloat          = 'F'
+	opInt            = 'I'
+	opBinInt         = 'J'
+	opBinInt1        = 'K'
+	opLong           = 'L'
+	opBinInt2        = 'M'
+	opNone           = 'N'
+	opPersID         = 'P'
+	opBinPersID      = 'Q'
+	opReduce         = 'R'
+	opString         = 'S'
+	opBinString      = 'T'
+	opShortBinString = 'U'
+	opUnicode        = 'V'
+	opBinUnicode     = 'X'
+	opAppend         = 'a'
+	opBuild          = 'b'
+	opGlobal         = 'c'
+	opDict           = 'd'
+	opEmptyDict      = '}'
+	opAppends        = 'e'
+	opGet            = 'g'
+	opBinGet         = 'h'
+	opInst           = 'i'
+	opLongBinGet     = 'j'
+	opList           = 'l'
+	opEmptyList      = ']'
+	opObj            = 'o'
+	opPut            = 'p'
+	opBinPut         = 'q'
+	opLongBinPut     = 'r'
+	opSetItem        = 's'
+	opTuple          = 't'
+	opEmptyTuple     = ')'
+	opSetItems       = 'u'
+	opBinFloat       = 'G'
+	opBinBytes       = 'B'
+	opShortBinBytes  = 'C'
+	opProto          = 0x80
+	opNewObj         = 0x81
+	opExt1           = 0x82
+	opExt2           = 0x83
+	opExt4           = 0x84
+	opTuple1         = 0x85
+	opTuple2         = 0x86
+	opTuple3         = 0x87
+	opNewTrue        = 0x88
+	opNewFalse       = 0x89
+	opLong1          = 0x8a
+	opLong4          = 0x8b
+	opShortBinUni    = 0x8c
+	opBinUnicode8    = 0x8d
+	opBinBytes8      = 0x8e
+	opEmptySet       = 0x8f
+	opAddItems       = 0x90
+	opFrozenSet      = 0x91
+	opNewObjEx       = 0x92
+	opStackGlobal    = 0x93
+	opMemoize        = 0x94
+	opFrame          = 0x95
+	opByteArray8     = 0x96
+	opNextBuffer     = 0x97
+	opReadonlyBuffer = 0x98
+)
+
+var opNames = map[byte]string{
+	opMark: "MARK", opStop: "STOP", opPop: "POP", opPopMark: "POP_MARK", opDup: "DUP",
+	opFloat: "FLOAT", opInt: "INT", opBinInt: "BININT", opBinInt1: "BININT1", opLong: "LONG",
+	opBinInt2: "BININT2", opNone: "NONE", opPersID: "PERSID", opBinPersID: "BINPERSID",
+	opReduce: "REDUCE", opString: "STRING", opBinString: "BINSTRING",
+	opShortBinString: "SHORT_BINSTRING", opUnicode: "UNICODE", opBinUnicode: "BINUNICODE",
+	opAppend: "APPEND", opBuild: "BUILD", opGlobal: "GLOBAL", opDict: "DICT",
+	opEmptyDict: "EMPTY_DICT", opAppends: "APPENDS", opGet: "GET", opBinGet: "BINGET",
+	opInst: "INST", opLongBinGet: "LONG_BINGET", opList: "LIST", opEmptyList: "EMPTY_LIST",
+	opObj: "OBJ", opPut: "PUT", opBinPut: "BINPUT", opLongBinPut: "LONG_BINPUT",
+	opSetItem: "SETITEM", opTuple: "TUPLE", opEmptyTuple: "EMPTY_TUPLE", opSetItems: "SETITEMS",
+	opBinFloat: "BINFLOAT", opBinBytes: "BINBYTES", opShortBinBytes: "SHORT_BINBYTES",
+	opProto: "PROTO", opNewObj: "NEWOBJ", opExt1: "EXT1", opExt2: "EXT2", opExt4: "EXT4",
+	opTuple1: "TUPLE1", opTuple2: "TUPLE2", opTuple3: "TUPLE3", opNewTrue: "NEWTRUE",
+	opNewFalse: "NEWFALSE", opLong1: "LONG1", opLong4: "LONG4", opShortBinUni: "SHORT_BINUNICODE",
+	opBinUnicode8: "BINUNICODE8", opBinBytes8: "BINBYTES8", opEmptySet: "EMPTY_SET",
+	opAddItems: "ADDITEMS", opFrozenSet: "FROZENSET", opNewObjEx: "NEWOBJ_EX",
+	opStackGlobal: "STACK_GLOBAL", opMemoize: "MEMOIZE", opFrame: "FRAME",
+	opByteArray8: "BYTEARRAY8", opNextBuffer: "NEXT_BUFFER", opReadonlyBuffer: "READONLY_BUFFER",
+}
+
+// OpName returns the pickletools name of opcode op ("STACK_GLOBAL"), or
+// "unknown" for a byte that is not an opcode.
+func OpName(op byte) string {
+	if n, ok := opNames[op]; ok {
+		return n
+	}
+	return "unknown"
+}
+
+// maxProtocol is the newest pickle protocol understood.
+const maxProtocol = 5
+
+// maxKeyDepth bounds tuple nesting inside dict keys (hashKey recurses).
+const maxKeyDepth = 100
+
+// node is a container under construction. Lists and dicts are mutable
+// (APPEND/SETITEM reach them through the memo after creation), so the
+// decoder works on pointers and converts to the public representation once
+// at STOP, in place, so that shared and cyclic references survive.
+type node struct {
+	kind  nodeKind
+	items []any // list/tuple elements; converted in place at the end
+
+	// dict state: while every key is a str, m holds the entries and keys
+	// their insertion order; after the first non-str key, ordered holds
+	// every entry and index maps hashKey(key) to a position in ordered.
+	m       map[string]any
+	keys    []string
+	ordered []Item
+	index   map[any]int
+
+	out  any  // public value, valid once done
+	done bool // out has been assigned (its children may still be converting)
+}
+
+type nodeKind uint8
+
+const (
+	kindList nodeKind = iota
+	kindTuple
+	kindDict
+)
+
+// decoder is the state of one Decode call.
+type decoder struct {
+	data   []byte
+	pos    int   // next byte to read
+	opPos  int   // offset of the opcode being executed
+	op     byte  // opcode being executed
+	stack  []any // operand stack
+	marks  []int // stack heights saved by MARK
+	memo   []any // dense memo: index i at memo[i]
+	sparse map[uint32]any
+}
+
+func (d *decoder) fail(sentinel error, format string, args ...any) error {
+	return &Error{Offset: int64(d.opPos), Op: d.op, Err: sentinel, Detail: fmt.Sprintf(format, args...)}
+}
+
+// take returns the next n bytes of argument, or ErrTruncated.
+func (d *decoder) take(n uint64) ([]byte, error) {
+	if rem := uint64(len(d.data) - d.pos); n > rem {
+		return nil, d.fail(ErrTruncated, "argument of %d bytes, %d remain", n, rem)
+	}
+	b := d.data[d.pos : d.pos+int(n)]
+	d.pos += int(n)
+	return b, nil
+}
+
+func (d *decoder) push(v any) { d.stack = append(d.stack, v) }
+
+func (d *decoder) pop() (any, error) {
+	if len(d.stack) == 0 || (len(d.marks) > 0 && len(d.stack) <= d.marks[len(d.marks)-1]) {
+		return nil, d.fail(ErrMalformed, "stack underflow")
+	}
+	v := d.stack[len(d.stack)-1]
+	d.stack = d.stack[:len(d.stack)-1]
+	return v, nil
+}
+
+func (d *decoder) top() (any, error) {
+	if len(d.stack) == 0 || (len(d.marks) > 0 && len(d.stack) <= d.marks[len(d.marks)-1]) {
+		return nil, d.fail(ErrMalformed, "stack underflow")
+	}
+	return d.stack[len(d.stack)-1], nil
+}
+
+// popMark removes everything above the most recent MARK and the mark
+// itself, returning the removed items (aliasing the stack's array; copy
+// before pushing).
+func (d *decoder) popMark() ([]any, error) {
+	if len(d.marks) == 0 {
+		return nil, d.fail(ErrMalformed, "no MARK on the stack")
+	}
+	k := d.marks[len(d.marks)-1]
+	d.marks = d.marks[:len(d.marks)-1]
+	items := d.stack[k:]
+	d.stack = d.stack[:k]
+	return items, nil
+}
+
+func (d *decoder) memoPut(idx uint32) error {
+	v, err := d.top()
+	if err != nil {
+		return err
+	}
+	switch {
+	case uint64(idx) < uint64(len(d.memo)):
+		d.memo[idx] = v
+	case uint64(idx) == uint64(len(d.memo)):
+		d.memo = append(d.memo, v)
+	default:
+		if d.sparse == nil {
+			d.sparse = make(map[uint32]any)
+		}
+		d.sparse[idx] = v
+	}
+	return nil
+}
+
+func (d *decoder) memoGet(idx uint32) error {
+	if uint64(idx) < uint64(len(d.memo)) {
+		d.push(d.memo[idx])
+		return nil
+	}
+	if v, ok := d.sparse[idx]; ok {
+		d.push(v)
+		return nil
+	}
+	return d.fail(ErrMalformed, "memo index %d not set", idx)
+}
+
+func (d *decoder) newTuple(items []any) {
+	cp := make([]any, len(items))
+	copy(cp, items)
+	d.push(&node{kind: kindTuple, items: cp})
+}
+
+// tupleN pops n items into a tuple.
+func (d *decoder) tupleN(n int) error {
+	base := len(d.stack) - n
+	if base < 0 || (len(d.marks) > 0 && base < d.marks[len(d.marks)-1]) {
+		return d.fail(ErrMalformed, "stack underflow")
+	}
+	items := d.stack[base:]
+	d.stack = d.stack[:base]
+	d.newTuple(items)
+	return nil
+}
+
+func (d *decoder) appendItems(target any, items []any) error {
+	n, ok := target.(*node)
+	if !ok || n.kind != kindList {
+		return d.fail(ErrMalformed, "append to %s", typeName(target))
+	}
+	n.items = append(n.items, items...)
+	return nil
+}
+
+func (d *decoder) setItems(target any, kv []any) error {
+	n, ok := target.(*node)
+	if !ok || n.kind != kindDict {
+		return d.fail(ErrMalformed, "setitem on %s", typeName(target))
+	}
+	if len(kv)%2 != 0 {
+		return d.fail(ErrMalformed, "odd number of items (%d) for SETITEMS", len(kv))
+	}
+	for i := 0; i < len(kv); i += 2 {
+		if err := d.setItem(n, kv[i], kv[i+1]); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func (d *decoder) setItem(n *node, k, v any) error {
+	if s, ok := k.(string); ok && n.ordered == nil {
+		if n.m == nil {
+			n.m = make(map[string]any)
+		}
+		if _, dup := n.m[s]; !dup {
+			n.keys = append(n.keys, s)
+		}
+		n.m[s] = v
+		return nil
+	}
+	h, err := hashKey(k, 0)
+	if err != nil {
+		return d.fail(ErrMalformed, "%v", err)
+	}
+	if n.ordered == nil {
+		// First non-str key: move the str entries over in insertion order.
+		n.ordered = make([]Item, 0, len(n.keys)+1)
+		n.index = make(map[any]int, len(n.keys)+1)
+		for _, s := range n.keys {
+			n.index[s] = len(n.ordered)
+			n.ordered = append(n.ordered, Item{Key: s, Value: n.m[s]})
+		}
+		n.m, n.keys = nil, nil
+	}
+	if i, dup := n.index[h]; dup {
+		n.ordered[i].Value = v
+		return nil
+	}
+	n.index[h] = len(n.ordered)
+	n.ordered = append(n.ordered, Item{Key: k, Value: v})
+	return nil
+}
+
+// Comparable stand-ins for key types that are not comparable (or not
+// comparable by value) in Go.
+type (
+	bigKey   string // *big.Int, by decimal value
+	bytesKey string // []byte
+	tupleKey string // tuple, by the encoded keys of its elements
+)
+
+// hashKey maps a decoded or under-construction value to a comparable Go
+// value such that two Python-equal keys (under Dict's rules) map to equal
+// values.
+func hashKey(k any, depth int) (any, error) {
+	switch v := k.(type) {
+	case nil, bool, int64, float64, string:
+		return v, nil
+	case *big.Int:
+		return bigKey(v.String()), nil
+	case []byte:
+		return bytesKey(v), nil
+	case *node:
+		if v.kind != kindTuple {
+			return nil, fmt.Errorf("unhashable dict key of type %s", typeName(v))
+		}
+		return tupleHash(v.items, depth)
+	case []any: // a converted tuple (Dict.Get on a decoded key)
+		return tupleHash(v, depth)
+	}
+	return nil, fmt.Errorf("unhashable dict key of type %T", k)
+}
+
+func tupleHash(items []any, depth int) (any, error) {
+	if depth >= maxKeyDepth {
+		return nil, errors.New("dict key nested too deeply")
+	}
+	b := make([]byte, 0, 16*len(items))
+	for _, it := range items {
+		h, err := hashKey(it, depth+1)
+		if err != nil {
+			return nil, err
+		}
+		// Type-tagged, length-prefixed encoding keeps distinct tuples distinct.
+		var s string
+		var tag byte
+		switch hv := h.(type) {
+		case nil:
+			tag = 'N'
+		case bool:
+			tag, s = 'b', strconv.FormatBool(hv)
+		case int64:
+			tag, s = 'i', strconv.FormatInt(hv, 10)
+		case float64:
+			tag, s = 'f', strconv.FormatUint(math.Float64bits(hv), 16)
+		case string:
+			tag, s = 's', hv
+		case bigKey:
+			tag, s = 'I', string(hv)
+		case bytesKey:
+			tag, s = 'y', string(hv)
+		case tupleKey:
+			tag, s = 't', string(hv)
+		}
+		b = append(b, tag)
+		b = strconv.AppendInt(b, int64(len(s)), 10)
+		b = append(b, ':')
+		b = append(b, s...)
+	}
+	return tupleKey(b), nil
+}
+
+func typeName(v any) string {
+	switch x := v.(type) {
+	case *node:
+		switch x.kind {
+		case kindList:
+			return "list"
+		case kindTuple:
+			return "tuple"
+		default:
+			return "dict"
+		}
+	case nil:
+		return "None"
+	case bool:
+		return "bool"
+	case int64, *big.Int:
+		return "int"
+	case float64:
+		return "float"
+	case string:
+		return "str"
+	case []byte:
+		return "bytes"
+	}
+	return fmt.Sprintf("%T", v)
+}
+
+// decodeLong decodes a little-endian two's-complement integer.
+func decodeLong(b []byte) any {
+	if len(b) == 0 {
+		return int64(0)
+	}
+	if len(b) <= 8 {
+		var u uint64
+		for i := len(b) - 1; i >= 0; i-- {
+			u = u<<8 | uint64(b[i])
+		}
+		// Sign-extend from len(b) bytes.
+		shift := uint(64 - 8*len(b))
+		return int64(u<<shift) >> shift
+	}
+	be := make([]byte, len(b))
+	for i := range b {
+		be[len(b)-1-i] = b[i]
+	}
+	v := new(big.Int).SetBytes(be)
+	if b[len(b)-1]&0x80 != 0 {
+		v.Sub(v, new(big.Int).Lsh(big.NewInt(1), uint(8*len(b))))
+	}
+	if v.IsInt64() {
+		return v.Int64()
+	}
+	return v
+}
+
+var forbidden = map[byte]bool{
+	opGlobal: true, opStackGlobal: true, opReduce: true, opBuild: true, opInst: true,
+	opObj: true, opNewObj: true, opNewObjEx: true, opPersID: true, opBinPersID: true,
+	opExt1: true, opExt2: true, opExt4: true,
+}
+
+// run executes the pickle program and converts the result.
+func (d *decoder) run() (any, error) {
+	for {
+		if d.pos >= len(d.data) {
+			d.opPos, d.op = d.pos, 0
+			return nil, d.fail(ErrTruncated, "input ended before STOP")
+		}
+		d.opPos = d.pos
+		d.op = d.data[d.pos]
+		d.pos++
+		if err := d.step(); err != nil {
+			if err == errStop {
+				v, err := d.pop()
+				if err != nil {
+					return nil, err
+				}
+				return convert(v), nil
+			}
+			return nil, err
+		}
+	}
+}
+
+var errStop = errors.New("stop")
+
+// step executes the opcode in d.op.
+func (d *decoder) step() error {
+	switch op := d.op; op {
+	case opStop:
+		return errStop
+	case opProto:
+		b, err := d.take(1)
+		if err != nil {
+			return err
+		}
+		if b[0] > maxProtocol {
+			return d.fail(ErrUnsupported, "protocol %d (newest supported is %d)", b[0], maxProtocol)
+		}
+	case opFrame:
+		b, err := d.take(8)
+		if err != nil {
+			return err
+		}
+		if n := binary.LittleEndian.Uint64(b); n > uint64(len(d.data)-d.pos) {
+			return d.fail(ErrTruncated, "frame of %d bytes, %d remain", n, len(d.data)-d.pos)
+		}
+	case opMark:
+		d.marks = append(d.marks, len(d.stack))
+	case opPop:
+		_, err := d.pop()
+		return err
+	case opPopMark:
+		_, err := d.popMark()
+		return err
+	case opDup:
+		v, err := d.top()
+		if err != nil {
+			return err
+		}
+		d.push(v)
+
+	case opMemoize:
+		return d.memoPut(uint32(len(d.memo)))
+	case opBinPut:
+		b, err := d.take(1)
+		if err != nil {
+			return err
+		}
+		return d.memoPut(uint32(b[0]))
+	case opLongBinPut:
+		b, err := d.take(4)
+		if err != nil {
+			return err
+		}
+		return d.memoPut(binary.LittleEndian.Uint32(b))
+	case opBinGet:
+		b, err := d.take(1)
+		if err != nil {
+			return err
+		}
+		return d.memoGet(uint32(b[0]))
+	case opLongBinGet:
+		b, err := d.take(4)
+		if err != nil {
+			return err
+		}
+		return d.memoGet(binary.LittleEndian.Uint32(b))
+
+	case opNone:
+		d.push(nil)
+	case opNewTrue:
+		d.push(true)
+	case opNewFalse:
+		d.push(false)
+	case opBinInt:
+		b, err := d.take(4)
+		if err != nil {
+			return err
+		}
+		d.push(int64(int32(binary.LittleEndian.Uint32(b))))
+	case opBinInt1:
+		b, err := d.take(1)
+		if err != nil {
+			return err
+		}
+		d.push(int64(b[0]))
+	case opBinInt2:
+		b, err := d.take(2)
+		if err != nil {
+			return err
+		}
+		d.push(int64(binary.LittleEndian.Uint16(b)))
+	case opLong1:
+		b, err := d.take(1)
+		if err != nil {
+			return err
+		}
+		v, err := d.take(uint64(b[0]))
+		if err != nil {
+			return err
+		}
+		d.push(decodeLong(v))
+	case opLong4:
+		b, err := d.take(4)
+		if err != nil {
+			return err
+		}
+		n := int32(binary.LittleEndian.Uint32(b))
+		if n < 0 {
+			return d.fail(ErrMalformed, "negative LONG4 length %d", n)
+		}
+		v, err := d.take(uint64(n))
+		if err != nil {
+			return err
+		}
+		d.push(decodeLong(v))
+	case opBinFloat:
+		b, err := d.take(8)
+		if err != nil {
+			return err
+		}
+		d.push(math.Float64frombits(binary.BigEndian.Uint64(b)))
+
+	case opShortBinUni, opShortBinBytes:
+		b, err := d.take(1)
+		if err != nil {
+			return err
+		}
+		return d.pushBlob(uint64(b[0]), op == opShortBinUni)
+	case opBinUnicode, opBinBytes:
+		b, err := d.take(4)
+		if err != nil {
+			return err
+		}
+		return d.pushBlob(uint64(binary.LittleEndian.Uint32(b)), op == opBinUnicode)
+	case opBinUnicode8, opBinBytes8, opByteArray8:
+		b, err := d.take(8)
+		if err != nil {
+			return err
+		}
+		return d.pushBlob(binary.LittleEndian.Uint64(b), op == opBinUnicode8)
+
+	case opEmptyList:
+		d.push(&node{kind: kindList})
+	case opList:
+		items, err := d.popMark()
+		if err != nil {
+			return err
+		}
+		cp := make([]any, len(items))
+		copy(cp, items)
+		d.push(&node{kind: kindList, items: cp})
+	case opAppend:
+		v, err := d.pop()
+		if err != nil {
+			return err
+		}
+		t, err := d.top()
+		if err != nil {
+			return err
+		}
+		return d.appendItems(t, []any{v})
+	case opAppends:
+		items, err := d.popMark()
+		if err != nil {
+			return err
+		}
+		t, err := d.top()
+		if err != nil {
+			return err
+		}
+		return d.appendItems(t, items)
+
+	case opEmptyTuple:
+		d.push(&node{kind: kindTuple, items: []any{}})
+	case opTuple:
+		items, err := d.popMark()
+		if err != nil {
+			return err
+		}
+		d.newTuple(items)
+	case opTuple1:
+		return d.tupleN(1)
+	case opTuple2:
+		return d.tupleN(2)
+	case opTuple3:
+		return d.tupleN(3)
+
+	case opEmptyDict:
+		d.push(&node{kind: kindDict})
+	case opDict:
+		kv, err := d.popMark()
+		if err != nil {
+			return err
+		}
+		kv = append([]any(nil), kv...) // the stack's array is reused by push
+		n := &node{kind: kindDict}
+		d.push(n)
+		return d.setItems(n, kv)
+	case opSetItem:
+		v, err := d.pop()
+		if err != nil {
+			return err
+		}
+		k, err := d.pop()
+		if err != nil {
+			return err
+		}
+		t, err := d.top()
+		if err != nil {
+			return err
+		}
+		return d.setItems(t, []any{k, v})
+	case opSetItems:
+		kv, err := d.popMark()
+		if err != nil {
+			return err
+		}
+		t, err := d.top()
+		if err != nil {
+			return err
+		}
+		return d.setItems(t, kv)
+
+	default:
+		switch {
+		case forbidden[op]:
+			return d.fail(ErrForbidden, "refusing to load code or objects (only plain data is accepted)")
+		case opNames[op] != "":
+			return d.fail(ErrUnsupported, "not part of the supported data subset")
+		default:
+			return d.fail(ErrUnknownOpcode, "")
+		}
+	}
+	return nil
+}
+
+func (d *decoder) pushBlob(n uint64, str bool) error {
+	b, err := d.take(n)
+	if err != nil {
+		return err
+	}
+	if str {
+		d.push(string(b))
+	} else {
+		d.push(append([]byte{}, b...))
+	}
+	return nil
+}
+
+// convert replaces every *node reachable from v by its public value,
+// iteratively (no recursion, each node once).
+func convert(v any) any {
+	root, ok := v.(*node)
+	if !ok {
+		return v
+	}
+	var work []*node
+	// visit assigns n's public value (without converting its children yet)
+	// and queues it.
+	visit := func(x any) any {
+		n, ok := x.(*node)
+		if !ok {
+			return x
+		}
+		if !n.done {
+			n.done = true
+			switch {
+			case n.kind != kindDict:
+				if n.items == nil {
+					n.items = []any{}
+				}
+				n.out = n.items
+			case n.ordered != nil:
+				n.out = &Dict{Items: n.ordered}
+			default:
+				if n.m == nil {
+					n.m = map[string]any{}
+				}
+				n.out = n.m
+			}
+			work = append(work, n)
+		}
+		return n.out
+	}
+	out := visit(root)
+	for len(work) > 0 {
+		n := work[len(work)-1]
+		work = work[:len(work)-1]
+		switch {
+		case n.kind != kindDict:
+			for i, it := range n.items {
+				n.items[i] = visit(it)
+			}
+		case n.ordered != nil:
+			for i := range n.ordered {
+				n.ordered[i].Key = visit(n.ordered[i].Key)
+				n.ordered[i].Value = visit(n.ordered[i].Value)
+			}
+			n.index = nil
+		default:
+			for k, val := range n.m {
+				if _, isNode := val.(*node); isNode {
+					n.m[k] = visit(val)
+				}
+			}
+			n.keys = nil
+		}
+	}
+	return out
+}

@@ -1,0 +1,101 @@
+// Package trace defines vmmalloc's allocation-trace model, its binary and
+// text file formats, and importers for real traces (PyTorch memory
+// snapshots, RAPIDS RMM logs). Traces drive fragmentation studies: a replay
+// engine feeds the events to an allocator and compares the memory it
+// reserves with the trace's peak live bytes (Summarize).
+//
+// # Event model
+//
+// A trace is a sequence of Events. An Alloc introduces an allocation id
+// (ID) with a size in bytes and a stream; a later Free releases it;
+// RecordStream marks it as used by another stream; StreamSync says a
+// stream's queued work has completed; EmptyCache asks the allocator to
+// return unused memory to the device; Mark numbers a phase boundary (a
+// training step, say). An id is live from its Alloc to its Free: a Free or
+// RecordStream must name a live id and an Alloc must not name one (ids may
+// be reused after their Free, though generators and importers never do).
+// TimeNs is a timestamp in nanoseconds relative to the trace's start;
+// replay ignores it, reports may use it. Summarize checks these rules.
+//
+// Readers are streams (EventReader: Next until io.EOF), so traces larger
+// than memory can be replayed. Open detects the format of a file.
+//
+// # Binary format (version 1)
+//
+// All integers are unsigned LEB128 varints (encoding/binary.Uvarint) unless
+// noted; "zigzag" is a signed value d stored as the varint (d<<1)^(d>>63).
+//
+//	header:
+//	  magic     8 bytes   "VMMTRACE"
+//	  version   varint    1 (another value: ErrVersion)
+//	  nfields   varint    number of info fields, at most 16
+//	  nfields × field:
+//	    keylen  varint    1..64
+//	    key     keylen bytes ("name", "source", "device"; unknown keys are skipped)
+//	    vallen  varint    0..4096
+//	    value   vallen bytes
+//	events, each:
+//	  tag       1 byte    bits 0-3: Kind (1 alloc, 2 free, 3 record, 4 sync,
+//	                      5 empty_cache, 6 mark); bit 4: ID present;
+//	                      bit 5: Size present; bit 6: Stream present;
+//	                      bit 7: TimeNs present
+//	  id        zigzag    if bit 4: ID - base, where base is the previous
+//	                      Alloc's ID (0 at the start), plus 1 for an Alloc.
+//	                      If absent: base for an Alloc (sequential ids cost
+//	                      nothing), 0 for other kinds.
+//	  size      varint    if bit 5: Size; absent means 0
+//	  stream    varint    if bit 6: Stream; absent means the previous
+//	                      event's Stream (0 at the start)
+//	  time      zigzag    if bit 7: TimeNs minus the previous event's TimeNs
+//	                      (0 at the start); absent means unchanged
+//	end-of-trace marker:
+//	  0x00      1 byte    (a tag whose kind is 0)
+//	  count     varint    number of events
+//	  crc       4 bytes   little-endian CRC-32C (Castagnoli) of every
+//	                      preceding byte of the file, magic through count
+//
+// Nothing may follow the marker. Subtractions wrap modulo 2^64, so every
+// Event value round-trips exactly. A typical event is 2–5 bytes.
+//
+// Reader never holds more than a 64 KiB window and does not allocate per
+// event. Input that stops before the end-of-trace marker, has an invalid
+// tag, an over-long varint, a count or checksum that does not match, or
+// trailing data yields an error wrapping ErrCorrupt (after the events that
+// decoded cleanly). A bit flip that still decodes is only caught by the
+// checksum at the end.
+//
+// # Text format (version 1)
+//
+// One line per event; the first line is exactly the header
+//
+//	# vmmalloc-trace v1
+//
+// Blank lines are ignored and "#" starts a comment that runs to the end of
+// the line. Comment lines of the form "# key: value" before the first
+// event set Info (keys name, source, device). Events are a keyword,
+// positional numbers, then key=value fields in any order:
+//
+//	alloc <id> <size> [s=<stream>] [t=<ns>]   alloc 17 1048576 s=0 t=123
+//	free <id> [s=<stream>] [t=<ns>]           free 17
+//	record <id> s=<stream> [t=<ns>]           record 17 s=2
+//	sync s=<stream> [t=<ns>]                  sync s=1
+//	empty_cache [t=<ns>]                      empty_cache
+//	mark <n> [t=<ns>]                         mark 3
+//
+// Omitted fields are 0. Two further keys, id=<n> and size=<n>, carry the
+// fields a kind does not use positionally, so any Event round-trips.
+// TextWriter writes exactly this canonical form: s= and t= always on
+// alloc, s= always on record and sync, and otherwise only nonzero fields.
+// Errors name the line and wrap ErrCorrupt. The text format has no end
+// marker, so a file cut at a line boundary reads as a shorter trace; use
+// the binary format where that matters.
+//
+// # Importers
+//
+// ImportPyTorchSnapshot reads the pickle written by
+// torch.cuda.memory._dump_snapshot through package pickle, which refuses
+// anything but plain data. ImportRMMLog reads RMM's logging_resource_adaptor
+// CSV. Both key allocations by address, assign fresh sequential ids, and
+// count (rather than fail on) frees they cannot match, as happens when
+// recording started mid-run.
+package trace

@@ -1,0 +1,290 @@
+package trace
+
+import (
+	"bytes"
+	"errors"
+	"math"
+	"os"
+	"path/filepath"
+	"runtime"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/vmmalloc/vmmalloc/benchmarks/pickle"
+)
+
+// snapshotFixture is a hand-made snapshot written by CPython's
+// pickle.dumps(snap, protocol=4) with T = 1_700_000_000_000_000 and
+// S = 140000000000000:
+//
+//	device_traces[0]:
+//	  free_completed 0x500 64 t=T           (no matching alloc)
+//	  segment_alloc 0x1000 2097152 t=T+1
+//	  alloc 0x1000 1000 t=T+2
+//	  alloc 0x1400 3000 stream=S t=T+3
+//	  free_requested 0x1000 1000 t=T+4
+//	  free_completed 0x1000 1000 t=T+5
+//	  alloc 0x1400 500 stream=S t=T+6       (address still live)
+//	  oom 0 1<<40 t=T+7 device_free=123
+//	  snapshot t=T+8
+//	  segment_free 0x9000 4194304 t=T+9     (segment never seen)
+//	  segment_map 0x2000 1048576 t=T+10
+//	  segment_unmap 0x2000 1048576 t=T+11
+//	  weird t=T+12
+//	device_traces[1]: []
+//	segments: device 0 total 2097152 allocated 500; device 1 total 999 allocated 9
+//	allocator_settings: {expandable_segments: True, max_split_size: -1}
+const snapshotFixture = "\x80\x04\x95\xb9\x03\x00\x00\x00\x00\x00\x00}\x94(\x8c\x08segments\x94]\x94(}\x94(\x8c\x06device\x94K\x00\x8c\x07address\x94M\x00\x10\x8c\x0atotal_size\x94J\x00\x00 \x00\x8c\x0eallocated_size\x94M\xf4\x01\x8c\x0bactive_size\x94M\xf4\x01\x8c\x0erequested_size\x94M\xf4\x01\x8c\x06stream\x94K\x00\x8c\x0csegment_type\x94\x8c\x05large\x94\x8c\x0fsegment_pool_id\x94K\x00K\x00\x86\x94\x8c\x0dis_expandable\x94\x89\x8c\x06blocks\x94]\x94u}\x94(h\x04K\x01h\x05M\x00\x10h\x06M\xe7\x03h\x07K\x09h\x10]\x94ue\x8c\x0ddevice_traces\x94]\x94(]\x94(}\x94(\x8c\x06action\x94\x8c\x0efree_completed\x94\x8c\x04addr\x94M\x00\x05\x8c\x04size\x94K@h\x0aK\x00\x8c\x07time_us\x94\x8a\x07\x00@\x1e\x18$\x0a\x06u}\x94(h\x18\x8c\x0dsegment_alloc\x94h\x1aM\x00\x10h\x1bJ\x00\x00 \x00h\x0aK\x00h\x1c\x8a\x07\x01@\x1e\x18$\x0a\x06u}\x94(h\x18\x8c\x05alloc\x94h\x1aM\x00\x10h\x1bM\xe8\x03h\x0aK\x00h\x1c\x8a\x07\x02@\x1e\x18$\x0a\x06u}\x94(h\x18h h\x1aM\x00\x14h\x1bM\xb8\x0bh\x0a\x8a\x06\x00\xc0DJT\x7fh\x1c\x8a\x07\x03@\x1e\x18$\x0a\x06u}\x94(h\x18\x8c\x0efree_requested\x94h\x1aM\x00\x10h\x1bM\xe8\x03h\x0aK\x00h\x1c\x8a\x07\x04@\x1e\x18$\x0a\x06u}\x94(h\x18h\x19h\x1aM\x00\x10h\x1bM\xe8\x03h\x0aK\x00h\x1c\x8a\x07\x05@\x1e\x18$\x0a\x06u}\x94(h\x18h h\x1aM\x00\x14h\x1bM\xf4\x01h\x0a\x8a\x06\x00\xc0DJT\x7fh\x1c\x8a\x07\x06@\x1e\x18$\x0a\x06u}\x94(h\x18\x8c\x03oom\x94h\x1aK\x00h\x1b\x8a\x06\x00\x00\x00\x00\x00\x01h\x0aK\x00h\x1c\x8a\x07\x07@\x1e\x18$\x0a\x06\x8c\x0bdevice_free\x94K{u}\x94(h\x18\x8c\x08snapshot\x94h\x1aK\x00h\x1bK\x00h\x0aK\x00h\x1c\x8a\x07\x08@\x1e\x18$\x0a\x06u}\x94(h\x18\x8c\x0csegment_free\x94h\x1aM\x00\x90h\x1bJ\x00\x00@\x00h\x0aK\x00h\x1c\x8a\x07\x09@\x1e\x18$\x0a\x06u}\x94(h\x18\x8c\x0bsegment_map\x94h\x1aM\x00 h\x1bJ\x00\x00\x10\x00h\x0aK\x00h\x1c\x8a\x07\x0a@\x1e\x18$\x0a\x06u}\x94(h\x18\x8c\x0dsegment_unmap\x94h\x1aM\x00 h\x1bJ\x00\x00\x10\x00h\x0aK\x00h\x1c\x8a\x07\x0b@\x1e\x18$\x0a\x06u}\x94(h\x18\x8c\x05weird\x94h\x1aK\x00h\x1bK\x00h\x0aK\x00h\x1c\x8a\x07\x0c@\x1e\x18$\x0a\x06ue]\x94e\x8c\x12allocator_settings\x94}\x94(\x8c\x13expandable_segments\x94\x88\x8c\x0emax_split_size\x94J\xff\xff\xff\xffu\x8c\x14external_annotations\x94]\x94u."
+
+func TestImportPyTorchFixture(t *testing.T) {
+	tr, err := ImportPyTorchSnapshot(strings.NewReader(snapshotFixture), 0)
+	require.NoError(t, err)
+	assert.Equal(t, []Event{
+		{Kind: Alloc, ID: 1, Size: 1000, Stream: 0, TimeNs: 2000},
+		{Kind: Alloc, ID: 2, Size: 3000, Stream: 1, TimeNs: 3000},
+		{Kind: Free, ID: 1, Stream: 0, TimeNs: 5000},
+		{Kind: Free, ID: 2, Stream: 1, TimeNs: 6000}, // implicit free of the duplicated address
+		{Kind: Alloc, ID: 3, Size: 500, Stream: 1, TimeNs: 6000},
+	}, tr.Events)
+	assert.Equal(t, 13, tr.Entries)
+	assert.Equal(t, 3, tr.Allocs)
+	assert.Equal(t, 1, tr.Frees)
+	assert.Equal(t, 1, tr.FreeRequests)
+	assert.Equal(t, 1, tr.UnmatchedFrees)
+	assert.Equal(t, 1, tr.DuplicateAllocs)
+	assert.Equal(t, 1, tr.OOMs)
+	assert.Equal(t, 1, tr.Snapshots)
+	assert.Equal(t, [4]int{1, 1, 1, 1}, [4]int{tr.SegmentAllocs, tr.SegmentFrees, tr.SegmentMaps, tr.SegmentUnmaps})
+	assert.Equal(t, map[string]int{"weird": 1}, tr.UnknownActions)
+	assert.Equal(t, uint64(4000), tr.PeakLive)
+	assert.Equal(t, 1, tr.LiveAllocsEnd)
+	assert.Equal(t, uint64(500), tr.LiveBytesEnd)
+	assert.Equal(t, uint64(4500), tr.TotalAllocated)
+	// Raw reserved: +2 MiB, -4 MiB, +1 MiB, -1 MiB; lifted by 2 MiB.
+	assert.Equal(t, uint64(2<<20), tr.ReservedBaseline)
+	assert.Equal(t, []Point{{1000, 4 << 20}, {9000, 0}, {10000, 1 << 20}, {11000, 0}}, tr.ReservedCurve)
+	assert.Equal(t, uint64(4<<20), tr.PeakReserved)
+	assert.Equal(t, int64(1_700_000_000_000_000), tr.StartTimeUs)
+	assert.Equal(t, []int64{0, 140000000000000}, tr.Streams)
+	assert.Equal(t, map[string]any{"expandable_segments": true, "max_split_size": int64(-1)}, tr.Settings)
+	assert.Equal(t, 1, tr.SnapshotSegments)
+	assert.Equal(t, uint64(2097152), tr.SnapshotReserved)
+	assert.Equal(t, uint64(500), tr.SnapshotAllocated)
+	assert.Equal(t, Info{Source: "pytorch memory snapshot", Device: "cuda:0"}, tr.Info)
+
+	// The events form a valid trace whose summary agrees.
+	s, err := Summarize(tr.Reader())
+	require.NoError(t, err)
+	assert.Equal(t, tr.PeakLive, s.PeakLiveBytes)
+	assert.Equal(t, int64(tr.LiveAllocsEnd), s.LiveAllocs)
+
+	tr1, err := ImportPyTorchSnapshot(strings.NewReader(snapshotFixture), 1)
+	require.NoError(t, err)
+	assert.Empty(t, tr1.Events)
+	assert.Equal(t, uint64(999), tr1.SnapshotReserved)
+	assert.Equal(t, "cuda:1", tr1.Info.Device)
+}
+
+func TestImportPyTorchErrors(t *testing.T) {
+	for _, dev := range []int{-1, 2} {
+		_, err := ImportPyTorchSnapshot(strings.NewReader(snapshotFixture), dev)
+		assert.ErrorIs(t, err, ErrSnapshot)
+		assert.ErrorContains(t, err, "not in snapshot")
+	}
+	tests := []struct {
+		name string
+		in   string // pickle bytes
+		want error
+		msg  string
+	}{
+		// collections.OrderedDict(a=1): refused by the pickle decoder.
+		{"code in pickle", "\x80\x04\x95)\x00\x00\x00\x00\x00\x00\x00\x8c\x0bcollections\x94\x8c\x0bOrderedDict\x94\x93\x94)R\x94\x8c\x01a\x94K\x01s.", pickle.ErrForbidden, "STACK_GLOBAL"},
+		{"truncated", snapshotFixture[:100], pickle.ErrTruncated, "truncated"},
+		// The rest are CPython pickle.dumps(value, protocol=2) of the value shown.
+		// []
+		{"list at top", "\x80\x02]q\x00.", ErrSnapshot, "top level is a list"},
+		// {}
+		{"no device_traces", "\x80\x02}q\x00.", ErrSnapshot, "no device_traces"},
+		// {'device_traces': [[{'action': 'alloc', 'addr': 1}]]}
+		{"alloc without size", "\x80\x02}q\x00X\x0d\x00\x00\x00device_tracesq\x01]q\x02]q\x03}q\x04(X\x06\x00\x00\x00actionq\x05X\x05\x00\x00\x00allocq\x06X\x04\x00\x00\x00addrq\x07K\x01uaas.", ErrSnapshot, "lacks integer addr"},
+		// {'device_traces': [[{'addr': 1}]]}
+		{"no action", "\x80\x02}q\x00X\x0d\x00\x00\x00device_tracesq\x01]q\x02]q\x03}q\x04X\x04\x00\x00\x00addrq\x05K\x01saas.", ErrSnapshot, "no action"},
+		// {'device_traces': [[7]]}
+		{"entry not dict", "\x80\x02}q\x00X\x0d\x00\x00\x00device_tracesq\x01]q\x02]q\x03K\x07aas.", ErrSnapshot, "is an int"},
+		// {'device_traces': [[{'action': 'alloc', 'addr': 1, 'size': -4}]]}
+		{"negative size", "\x80\x02}q\x00X\x0d\x00\x00\x00device_tracesq\x01]q\x02]q\x03}q\x04(X\x06\x00\x00\x00actionq\x05X\x05\x00\x00\x00allocq\x06X\x04\x00\x00\x00addrq\x07K\x01X\x04\x00\x00\x00sizeq\x08J\xfc\xff\xff\xffuaas.", ErrSnapshot, "non-negative size"},
+		// {'device_traces': [[{'action': 'alloc', 'addr': 1, 'size': 4, 'stream': 'x'}]]}
+		{"bad stream", "\x80\x02}q\x00X\x0d\x00\x00\x00device_tracesq\x01]q\x02]q\x03}q\x04(X\x06\x00\x00\x00actionq\x05X\x05\x00\x00\x00allocq\x06X\x04\x00\x00\x00addrq\x07K\x01X\x04\x00\x00\x00sizeq\x08K\x04X\x06\x00\x00\x00streamq\x09X\x01\x00\x00\x00xq\x0auaas.", ErrSnapshot, "stream is a str"},
+		// {'device_traces': [7]}
+		{"device trace not list", "\x80\x02}q\x00X\x0d\x00\x00\x00device_tracesq\x01]q\x02K\x07as.", ErrSnapshot, "want a list"},
+		// {'device_traces': [[]], 'segments': [{'device': 0}]}
+		{"bad segment", "\x80\x02}q\x00(X\x0d\x00\x00\x00device_tracesq\x01]q\x02]q\x03aX\x08\x00\x00\x00segmentsq\x04]q\x05}q\x06X\x06\x00\x00\x00deviceq\x07K\x00sau.", ErrSnapshot, "total_size"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			tr, err := ImportPyTorchSnapshot(strings.NewReader(tc.in), 0)
+			assert.Nil(t, tr)
+			require.Error(t, err)
+			assert.ErrorIs(t, err, tc.want)
+			assert.ErrorContains(t, err, tc.msg)
+		})
+	}
+}
+
+func sharedTrace(t testing.TB, name string) string {
+	t.Helper()
+	_, file, _, ok := runtime.Caller(0)
+	require.True(t, ok)
+	// benchmarks/trace -> module root -> ../shared/traces
+	p := filepath.Join(filepath.Dir(file), "..", "..", "..", "shared", "traces", name)
+	if _, err := os.Stat(p); err != nil {
+		t.Skipf("trace %s not available: %v", name, err)
+	}
+	return p
+}
+
+// roundGB rounds bytes to GB (1e9) with two decimals, as the traces README
+// reports them.
+func roundGB(b uint64) float64 { return math.Round(float64(b)/1e7) / 100 }
+
+func TestImportRealSnapshots(t *testing.T) {
+	tests := []struct {
+		file          string
+		entries       int
+		allocs        int
+		peakLiveGB    float64
+		peakReserveGB float64
+		ratio         float64
+	}{
+		{"cs336_ctx128_fullstep.pickle", 19342, 6771, 41.17, 47.35, 1.150},
+		{"cs336_ctx128_forward.pickle", 4657, 2058, 5.72, 5.90, 1.031},
+	}
+	for _, tc := range tests {
+		t.Run(tc.file, func(t *testing.T) {
+			f, err := os.Open(sharedTrace(t, tc.file))
+			require.NoError(t, err)
+			defer f.Close()
+			tr, err := ImportPyTorchSnapshot(f, 0)
+			require.NoError(t, err)
+			assert.Equal(t, tc.entries, tr.Entries)
+			assert.Equal(t, tc.allocs, tr.Allocs)
+			assert.Equal(t, tc.peakLiveGB, roundGB(tr.PeakLive))
+			assert.Equal(t, tc.peakReserveGB, roundGB(tr.PeakReserved))
+			assert.InDelta(t, tc.ratio, float64(tr.PeakReserved)/float64(tr.PeakLive), 0.0005)
+			// README: self-contained, one stream, classic allocator.
+			assert.Zero(t, tr.UnmatchedFrees)
+			assert.Zero(t, tr.DuplicateAllocs)
+			assert.Zero(t, tr.ReservedBaseline)
+			assert.Equal(t, []int64{0}, tr.Streams)
+			assert.Equal(t, false, tr.Settings["expandable_segments"])
+			assert.Equal(t, tr.Frees, tr.FreeRequests)
+			assert.Equal(t, tr.Allocs+tr.Frees, len(tr.Events))
+			assert.Equal(t, tr.Entries, tr.Allocs+tr.Frees+tr.FreeRequests+tr.SegmentAllocs)
+
+			s, err := Summarize(tr.Reader())
+			require.NoError(t, err)
+			assert.Equal(t, tr.PeakLive, s.PeakLiveBytes)
+			assert.Equal(t, int64(tr.Allocs), s.Allocs)
+			assert.Equal(t, tr.TotalAllocated, s.TotalAllocBytes)
+
+			// And through the binary format.
+			var buf bytes.Buffer
+			w := NewWriter(&buf)
+			require.NoError(t, w.SetInfo(tr.Info))
+			require.NoError(t, WriteAll(w, tr.Events))
+			r, err := Open(&buf)
+			require.NoError(t, err)
+			s2, err := Summarize(r)
+			require.NoError(t, err)
+			assert.Equal(t, s, s2)
+		})
+	}
+}
+
+func TestImportRMMLog(t *testing.T) {
+	const log = `Thread,Time,Action,Pointer,Size,Stream
+140573312345856,23:59:59.999000,allocate,0x7f8a40000000,1024,0x0
+140573312345856,23:59:59.999500,allocate,0x7f8a40000400,2048,0x7f8a38001020
+140573312345856,00:00:00.000250,allocate failure,(nil),1099511627776,0x0
+140573312345856,00:00:00.001000,free,0x7f8a40000000,1024,0x0
+140573312345856,00:00:00.002000,free,0x7f8a40000000,1024,0x0
+
+140573312345856,00:00:00.003000,allocate,0x7f8a40000000,4096,0x7f8a38001020
+140573312345856,00:00:00.004000,allocate,(nil),0,0x0
+140573312345856,00:00:00.005000,allocate,0x7f8a40000000,100,0x0
+`
+	tr, err := ImportRMMLog(strings.NewReader(log))
+	require.NoError(t, err)
+	assert.Equal(t, []Event{
+		{Kind: Alloc, ID: 1, Size: 1024, Stream: 0, TimeNs: 0},
+		{Kind: Alloc, ID: 2, Size: 2048, Stream: 1, TimeNs: 500_000},
+		{Kind: Free, ID: 1, Stream: 0, TimeNs: 2_000_000}, // midnight passed
+		{Kind: Alloc, ID: 3, Size: 4096, Stream: 1, TimeNs: 4_000_000},
+		{Kind: Free, ID: 3, Stream: 0, TimeNs: 6_000_000}, // duplicate pointer
+		{Kind: Alloc, ID: 4, Size: 100, Stream: 0, TimeNs: 6_000_000},
+	}, tr.Events)
+	assert.Equal(t, 8, tr.Rows)
+	assert.Equal(t, 4, tr.Allocs)
+	assert.Equal(t, 1, tr.Frees)
+	assert.Equal(t, 1, tr.Failures)
+	assert.Equal(t, 1, tr.UnmatchedFrees)
+	assert.Equal(t, 1, tr.DuplicateAllocs)
+	assert.Equal(t, 1, tr.NullPointers)
+	assert.Equal(t, uint64(6144), tr.PeakLive) // 2048 + 4096
+	assert.Equal(t, 2, tr.LiveAllocsEnd)
+	assert.Equal(t, uint64(2148), tr.LiveBytesEnd)
+	assert.Equal(t, uint64(7268), tr.TotalAllocated)
+	assert.Equal(t, []uint64{0, 0x7f8a38001020}, tr.Streams)
+
+	s, err := Summarize(tr.Reader())
+	require.NoError(t, err)
+	assert.Equal(t, tr.PeakLive, s.PeakLiveBytes)
+}
+
+func TestImportRMMLogVariants(t *testing.T) {
+	// Columns reordered, epoch-seconds time, "deallocate", decimal pointers, no Stream column.
+	const log = "Size,Action,Pointer,Time\n" +
+		"10,allocate,4096,1634567890.5\n" +
+		"10,deallocate,4096,1634567890.75\n"
+	tr, err := ImportRMMLog(strings.NewReader(log))
+	require.NoError(t, err)
+	assert.Equal(t, []Event{
+		{Kind: Alloc, ID: 1, Size: 10},
+		{Kind: Free, ID: 1, TimeNs: 250_000_000},
+	}, tr.Events)
+}
+
+func TestImportRMMLogErrors(t *testing.T) {
+	const h = "Thread,Time,Action,Pointer,Size,Stream\n"
+	tests := []struct {
+		name string
+		in   string
+		want error
+		msg  string
+	}{
+		{"empty", "", ErrRMMLog, "empty input"},
+		{"missing column", "Thread,Time,Action,Pointer,Stream\n", ErrRMMLog, `lacks column "size"`},
+		{"unknown action", h + "1,00:00:00.0,realloc,0x10,1,0x0\n", ErrRMMLog, `line 2: unknown action "realloc"`},
+		{"bad size", h + "1,00:00:00.0,allocate,0x10,-1,0x0\n", ErrRMMLog, `size "-1"`},
+		{"bad pointer", h + "1,00:00:00.0,allocate,0xzz,1,0x0\n", ErrRMMLog, "pointer"},
+		{"bad stream", h + "1,00:00:00.0,allocate,0x10,1,stream\n", ErrRMMLog, "stream"},
+		{"bad time", h + "1,25:00:00.0,allocate,0x10,1,0x0\n", ErrRMMLog, "bad time"},
+		{"bad fraction", h + "1,1.5x,allocate,0x10,1,0x0\n", ErrRMMLog, "bad time"},
+		{"csv quote", h + "1,\"00:00,allocate\n", ErrRMMLog, "line"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			tr, err := ImportRMMLog(strings.NewReader(tc.in))
+			assert.Nil(t, tr)
+			require.Error(t, err)
+			assert.ErrorIs(t, err, tc.want)
+			assert.ErrorContains(t, err, tc.msg)
+		})
+	}
+	boom := errors.New("boom")
+	_, err := ImportRMMLog(errorReader{boom})
+	assert.ErrorIs(t, err, boom)
+}
