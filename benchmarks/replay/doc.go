@@ -1,0 +1,60 @@
+// Package replay drives vmmalloc's caching allocator with an allocation
+// trace over the emulated backend and measures what the allocator did:
+// how much device memory it mapped compared with what the trace needed,
+// how fragmented it was over time, how many driver calls it made and how
+// long they would have taken, and how fast the replay ran. It answers the
+// researcher's questions "how much memory will my workload really need?"
+// (MinCapacity) and "which policy wastes least?" (Compare).
+//
+// # Replay
+//
+// Run reads events one at a time (a million-event trace is never held
+// whole) and applies each to a fresh allocator over a fresh
+// emulated.Emulator with the accounting backing (no host memory is
+// touched; device capacity is only counted):
+//
+//	Alloc         → Malloc(size, stream)        remembers id → address
+//	Free          → Free(address of id)         unknown ids are skipped and counted
+//	RecordStream  → RecordStream(address, stream)
+//	StreamSync    → Synchronize(stream)
+//	EmptyCache    → EmptyCache()
+//	Mark          → nothing (counted)
+//
+// Trace stream 0 is the allocator's default stream; every other trace
+// stream becomes an emulator stream created the first time it is seen.
+// An Alloc that fails with out-of-memory is counted and its id remembered
+// as failed, so its Free and RecordStream events are skipped too; with
+// Options.StopOnOOM the replay stops there instead.
+//
+// Each id moves through a small state machine:
+//
+//	unseen ──Alloc ok──▶ live ──Free──▶ unseen
+//	   │                   └──RecordStream──▶ live
+//	   └──Alloc OOM──▶ failed ──Free──▶ unseen
+//
+// The replay loop makes no Go heap allocation per event: dense ids (those
+// of every generator and importer: 1, 2, 3, …) index a slice of slots
+// that doubles as ids reach its end, ids far beyond it go to a map, and
+// the last stream looked up is cached. The allocator's allocated and
+// reserved bytes are read every stride events (16 at first) into a
+// bounded time series of Options.MaxSamples samples: when it is full,
+// every other sample is dropped and the stride doubles. Stats, Snapshot
+// and Check are read once, after the last event.
+//
+// # Figures
+//
+// Peak live is the peak of bytes the trace holds (requested sizes, Alloc
+// minus Free, failed allocations included: it is the workload's demand,
+// independent of the policy). Peak allocated and peak reserved come from
+// the allocator's statistics (rounded block bytes and mapped bytes). Their
+// ratio to peak live is the memory the policy wastes at its worst moment.
+// MinCapacity bisects the device capacity for the smallest one at which
+// the whole trace replays without an out-of-memory error, at a 2 MiB
+// resolution (the emulator's granularity), running one replay per core in
+// each round; its ratio to peak live is the answer to "will my model fit".
+//
+// # Concurrency
+//
+// Run, MinCapacity and Compare are safe for concurrent use: each replay
+// owns its emulator and allocator. A Report is a plain value.
+package replay

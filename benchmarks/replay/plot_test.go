@@ -1,0 +1,129 @@
+package replay
+
+import (
+	"bytes"
+	"encoding/xml"
+	"io"
+	"math"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"github.com/vmmalloc/vmmalloc/benchmarks/trace"
+)
+
+// svgElements parses doc as XML and counts its elements by name.
+func svgElements(t *testing.T, doc []byte) map[string]int {
+	t.Helper()
+	d := xml.NewDecoder(bytes.NewReader(doc))
+	counts := map[string]int{}
+	for {
+		tok, err := d.Token()
+		if err == io.EOF {
+			return counts
+		}
+		require.NoError(t, err, "well-formed XML")
+		if se, ok := tok.(xml.StartElement); ok {
+			counts[se.Name.Local]++
+		}
+	}
+}
+
+func TestReportPlot(t *testing.T) {
+	rep, err := Run(sliceOf(synth(20_000, 12)), Options{Name: "expandable"})
+	require.NoError(t, err)
+	ref := []trace.Point{{TimeNs: 0, Bytes: 0}, {TimeNs: 1e6, Bytes: 1 << 30}, {TimeNs: 2e6, Bytes: 512 << 20}}
+	p := ReportPlot(`a <b> & "c"`, rep, ref)
+	require.Len(t, p.Curves, 4)
+	assert.Equal(t, "trace time (s)", p.XLabel)
+	assert.Equal(t, "reserved (expandable)", p.Curves[0].Name)
+	assert.True(t, p.Curves[3].Step)
+	assert.Equal(t, []float64{0, 0.001, 0.002}, p.Curves[3].X)
+	last := rep.Samples[len(rep.Samples)-1]
+	assert.Equal(t, float64(last.Reserved), p.Curves[0].Y[len(p.Curves[0].Y)-1])
+
+	var buf bytes.Buffer
+	require.NoError(t, p.WriteSVG(&buf))
+	doc := buf.Bytes()
+	assert.True(t, bytes.HasPrefix(doc, []byte("<svg ")))
+	els := svgElements(t, doc)
+	assert.Equal(t, 4, els["polyline"], "one line per curve")
+	out := buf.String()
+	assert.True(t, strings.Contains(out, "a &lt;b&gt; &amp; &#34;c&#34;"), "title escaped")
+	assert.True(t, strings.Contains(out, "PyTorch reserved (recorded)"))
+	assert.True(t, strings.Contains(out, " GB</text>"), "byte ticks in GB")
+}
+
+func TestReportPlotWithoutTime(t *testing.T) {
+	ev := synth(2_000, 13)
+	for i := range ev {
+		ev[i].TimeNs = 0
+	}
+	rep, err := Run(sliceOf(ev), Options{})
+	require.NoError(t, err)
+	p := ReportPlot("t", rep, []trace.Point{{TimeNs: 5, Bytes: 1}})
+	assert.Equal(t, "events", p.XLabel)
+	assert.Len(t, p.Curves, 3, "a time-based reference cannot share an event axis")
+	assert.Equal(t, float64(rep.Events), p.Curves[0].X[len(p.Curves[0].X)-1])
+}
+
+func TestWriteSVGEdgeCases(t *testing.T) {
+	var buf bytes.Buffer
+	require.NoError(t, Plot{Title: "empty"}.WriteSVG(&buf))
+	svgElements(t, buf.Bytes())
+
+	buf.Reset()
+	one := Plot{Curves: []Curve{{Name: "one", X: []float64{3}, Y: []float64{7}}, {Name: "nan", X: []float64{math.NaN(), 1}, Y: []float64{1, math.Inf(1)}}}}
+	require.NoError(t, one.WriteSVG(&buf))
+	svgElements(t, buf.Bytes())
+	assert.NotContains(t, buf.String(), "NaN")
+	assert.NotContains(t, buf.String(), "Inf")
+
+	err := Plot{Curves: []Curve{{Name: "bad", X: []float64{1, 2}, Y: []float64{1}}}}.WriteSVG(&buf)
+	assert.ErrorIs(t, err, ErrInvalidOptions)
+
+	long := Plot{Title: strings.Repeat("x", 500)}
+	buf.Reset()
+	require.NoError(t, long.WriteSVG(&buf))
+	assert.Contains(t, buf.String(), strings.Repeat("x", maxTitle-1)+"…")
+	assert.NotContains(t, buf.String(), strings.Repeat("x", maxTitle))
+}
+
+func TestDecimateKeepsExtremes(t *testing.T) {
+	n := 100_000
+	xs, ys := make([]float64, n), make([]float64, n)
+	for i := range xs {
+		xs[i] = float64(i)
+		ys[i] = float64(i % 1000)
+	}
+	ys[54_321] = 1e9
+	ys[77_777] = -5
+	ox, oy := decimate(xs, ys, 3000)
+	assert.LessOrEqual(t, len(ox), 3001)
+	assert.Equal(t, len(ox), len(oy))
+	assert.Contains(t, oy, 1e9)
+	assert.Contains(t, oy, -5.0)
+	assert.Equal(t, xs[0], ox[0])
+	assert.Equal(t, xs[n-1], ox[len(ox)-1])
+	for i := 1; i < len(ox); i++ {
+		assert.LessOrEqual(t, ox[i-1], ox[i], "x stays ordered")
+	}
+	sx, sy := decimate(xs[:10], ys[:10], 3000)
+	assert.Equal(t, xs[:10], sx)
+	assert.Equal(t, ys[:10], sy)
+}
+
+func TestTicks(t *testing.T) {
+	tests := []struct {
+		v, want float64
+	}{{0.7, 1}, {1, 1}, {1.1, 2}, {3, 5}, {7, 10}, {4.1e9, 5e9}, {0, 1}, {math.NaN(), 1}}
+	for _, tc := range tests {
+		assert.Equal(t, tc.want, niceStep(tc.v), "niceStep(%v)", tc.v)
+	}
+	assert.Equal(t, "40 GB", tickBytes(40e9, 10e9, 50e9))
+	assert.Equal(t, "2.5 GB", tickBytes(2.5e9, 0.5e9, 3e9))
+	assert.Equal(t, "0.0 GB", tickBytes(0, 0.2e9, 1e9))
+	assert.Equal(t, "0 B", tickBytes(0, 100, 500))
+	assert.Equal(t, "0.25", tickNum(0.25, 0.05))
+}

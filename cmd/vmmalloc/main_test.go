@@ -1,0 +1,440 @@
+package main
+
+import (
+	"bytes"
+	"encoding/binary"
+	"encoding/json"
+	"math"
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"github.com/vmmalloc/vmmalloc/benchmarks/trace"
+)
+
+// pickleOf encodes v as a protocol-2 pickle using only data opcodes
+// (dict, list, str, int, float, bool, None), as PyTorch snapshots do.
+func pickleOf(v any) []byte {
+	b := []byte{0x80, 2}
+	var enc func(v any)
+	enc = func(v any) {
+		switch x := v.(type) {
+		case nil:
+			b = append(b, 'N')
+		case bool:
+			if x {
+				b = append(b, 0x88)
+			} else {
+				b = append(b, 0x89)
+			}
+		case int:
+			if x >= math.MinInt32 && x <= math.MaxInt32 {
+				b = append(b, 'J')
+				b = binary.LittleEndian.AppendUint32(b, uint32(int32(x)))
+			} else {
+				b = append(b, 0x8a, 8)
+				b = binary.LittleEndian.AppendUint64(b, uint64(x))
+			}
+		case float64:
+			b = append(b, 'G')
+			b = binary.BigEndian.AppendUint64(b, math.Float64bits(x))
+		case string:
+			b = append(b, 'X')
+			b = binary.LittleEndian.AppendUint32(b, uint32(len(x)))
+			b = append(b, x...)
+		case []any:
+			b = append(b, ']')
+			for _, e := range x {
+				enc(e)
+				b = append(b, 'a')
+			}
+		case map[string]any:
+			b = append(b, '}')
+			keys := make([]string, 0, len(x))
+			for k := range x {
+				keys = append(keys, k)
+			}
+			sort.Strings(keys)
+			for _, k := range keys {
+				enc(k)
+				enc(x[k])
+				b = append(b, 's')
+			}
+		default:
+			panic("pickleOf: unsupported type")
+		}
+	}
+	enc(v)
+	return append(b, '.')
+}
+
+const gib = 1 << 30
+
+// snapshotPickle is a small PyTorch snapshot: PyTorch reserved 2 GiB in two
+// segments for three tensors (peak live 1.5 GiB).
+func snapshotPickle() []byte {
+	entry := func(action string, addr, size, t int) any {
+		return map[string]any{"action": action, "addr": addr, "size": size, "stream": 0, "time_us": t, "frames": []any{}}
+	}
+	base := 0x7f0000000000
+	return pickleOf(map[string]any{
+		"segments": []any{},
+		"allocator_settings": map[string]any{
+			"expandable_segments": false,
+		},
+		"device_traces": []any{[]any{
+			entry("segment_alloc", base, gib, 1000),
+			entry("alloc", base, gib/2, 1001),
+			entry("alloc", base+gib/2, gib/2, 1002),
+			entry("segment_alloc", base+gib, gib, 1003),
+			entry("alloc", base+gib, gib/2, 1004),
+			entry("free_requested", base, gib/2, 1005),
+			entry("free_completed", base, gib/2, 1005),
+			entry("free_completed", base+gib/2, gib/2, 1006),
+			entry("free_completed", base+gib, gib/2, 1007),
+			entry("segment_free", base+gib, gib, 1008),
+		}},
+	})
+}
+
+const rmmLog = `Thread,Time,Action,Pointer,Size,Stream
+1,08:00:00.000001,allocate,0x1000,1048576,0x0
+1,08:00:00.000002,allocate,0x2000,2097152,0x0
+1,08:00:00.000003,free,0x1000,1048576,0x0
+1,08:00:00.000004,allocate failure,0x0,99999999999,0x0
+1,08:00:00.000005,free,0x2000,2097152,0x0
+`
+
+// fixtures writes input files into a temporary directory and returns
+// their paths by name.
+func fixtures(t *testing.T) map[string]string {
+	t.Helper()
+	dir := t.TempDir()
+	ev := []trace.Event{
+		{Kind: trace.Alloc, ID: 1, Size: 3 << 20, TimeNs: 10},
+		{Kind: trace.Alloc, ID: 2, Size: 100, Stream: 1, TimeNs: 20},
+		{Kind: trace.Free, ID: 1, TimeNs: 30},
+		{Kind: trace.Free, ID: 2, Stream: 1, TimeNs: 40},
+	}
+	var bin, txt bytes.Buffer
+	bw := trace.NewWriter(&bin)
+	require.NoError(t, bw.SetInfo(trace.Info{Name: "tiny"}))
+	require.NoError(t, trace.WriteAll(bw, ev))
+	require.NoError(t, trace.WriteAll(trace.NewTextWriter(&txt), ev))
+	snap := snapshotPickle()
+	files := map[string][]byte{
+		"trace.bin":        bin.Bytes(),
+		"trace.txt":        txt.Bytes(),
+		"noext":            bin.Bytes(),
+		"snap.pickle":      snap,
+		"snapdata":         snap, // detected by content
+		"log.csv":          []byte(rmmLog),
+		"truncated.pickle": snap[:len(snap)/2],
+		"hostile.pickle":   []byte("\x80\x02cos\nsystem\nX\x02\x00\x00\x00ls\x85R."),
+		"notadict.pickle":  pickleOf([]any{1, 2}),
+		"garbage.dat":      []byte("hello, this is not a trace\x00\x01"),
+		"empty.bin":        nil,
+		"truncated.bin":    bin.Bytes()[:len(bin.Bytes())-3],
+		"badtext.txt":      []byte(trace.TextHeader + "\nalloc x y\n"),
+	}
+	paths := map[string]string{"dir": dir, "missing": filepath.Join(dir, "missing.bin")}
+	for name, data := range files {
+		p := filepath.Join(dir, name)
+		require.NoError(t, os.WriteFile(p, data, 0o644))
+		paths[name] = p
+	}
+	return paths
+}
+
+func runCLI(args ...string) (code int, stdout, stderr string) {
+	var out, errb bytes.Buffer
+	code = run(args, &out, &errb)
+	return code, out.String(), errb.String()
+}
+
+func TestRunSuccess(t *testing.T) {
+	f := fixtures(t)
+	svg := filepath.Join(f["dir"], "plot.svg")
+	tests := []struct {
+		name string
+		args []string
+		want []string // substrings of stdout
+	}{
+		{"replay default workload", []string{"replay"}, []string{"built-in training workload", "peak reserved", "× peak live", "MapMem"}},
+		{"replay binary", []string{"replay", f["trace.bin"]}, []string{"(binary", "peak live         3.15 MB"}},
+		{"replay binary without extension", []string{"replay", f["noext"]}, []string{"(binary"}},
+		{"replay text", []string{"replay", f["trace.txt"]}, []string{"(text", "4 (2 alloc, 2 free"}},
+		{"replay pickle", []string{"replay", f["snap.pickle"]}, []string{"(pytorch", "PyTorch recorded: peak reserved 2.15 GB for 1.61 GB peak live (1.3333×)"}},
+		{"replay pickle by content", []string{"replay", f["snapdata"]}, []string{"(pytorch"}},
+		{"replay rmm", []string{"replay", f["log.csv"]}, []string{"(rmm", "1 allocation failures"}},
+		{"replay forced format", []string{"replay", "--format", "binary", f["noext"]}, []string{"(binary"}},
+		{"replay classic", []string{"replay", "--config", "expandable_segments:False", f["trace.bin"]}, []string{"expandable_segments:False ("}},
+		{"replay capacity", []string{"replay", "--capacity", "1GiB", f["trace.bin"]}, []string{"1.07 GB device"}},
+		{"replay flags after trace", []string{"replay", f["trace.bin"], "--min-capacity"}, []string{"min capacity"}},
+		{"replay compare", []string{"replay", "--compare", f["snap.pickle"]}, []string{"policy", "expandable-page2M", "classic-split128", "mincap/live"}},
+		{"replay compare custom", []string{"replay", "--compare", "--config", "large_segment_size_mb:4", f["trace.txt"]}, []string{"custom", "expandable-release256"}},
+		{"replay svg", []string{"replay", "--svg", svg, f["snap.pickle"]}, []string{"peak reserved"}},
+		{"replay check", []string{"replay", "--check", f["trace.bin"]}, []string{"peak reserved"}},
+		{"help", []string{"help"}, []string{"vmmalloc replay"}},
+		{"replay -h", []string{"replay", "-h"}, []string{"-min-capacity", "-svg file", "-capacity size"}},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			code, out, errs := runCLI(tc.args...)
+			require.Equal(t, exitOK, code, "stderr: %s", errs)
+			for _, w := range tc.want {
+				assert.Contains(t, out, w)
+			}
+		})
+	}
+	doc, err := os.ReadFile(svg)
+	require.NoError(t, err)
+	assert.True(t, bytes.HasPrefix(doc, []byte("<svg ")))
+	assert.Contains(t, string(doc), "PyTorch reserved (recorded)")
+}
+
+func TestReplayJSON(t *testing.T) {
+	f := fixtures(t)
+	decode := func(t *testing.T, args ...string) map[string]any {
+		t.Helper()
+		code, out, errs := runCLI(args...)
+		require.Equal(t, exitOK, code, "stderr: %s", errs)
+		var m map[string]any
+		require.NoError(t, json.Unmarshal([]byte(out), &m), out)
+		return m
+	}
+	t.Run("default", func(t *testing.T) {
+		m := decode(t, "replay", "--json")
+		assert.Greater(t, m["events"], 1000.0)
+		assert.Greater(t, m["peak_allocated_bytes"], 0.0)
+		assert.GreaterOrEqual(t, m["peak_reserved_bytes"], m["peak_allocated_bytes"])
+		calls, ok := m["driver_calls"].(map[string]any)
+		require.True(t, ok)
+		assert.Greater(t, calls["MapMem"], 0.0)
+		assert.NotContains(t, m, "min_capacity_bytes")
+		assert.NotContains(t, m, "pytorch_peak_reserved_bytes")
+		assert.NotContains(t, m, "samples")
+		assert.Contains(t, m, "stats")
+	})
+	t.Run("min capacity", func(t *testing.T) {
+		m := decode(t, "replay", "--json", "--min-capacity", f["trace.bin"])
+		assert.Equal(t, 4.0, m["events"])
+		require.Contains(t, m, "min_capacity_bytes")
+		assert.GreaterOrEqual(t, m["min_capacity_bytes"], m["peak_live_bytes"])
+		assert.Equal(t, "binary", m["format"])
+	})
+	t.Run("pytorch", func(t *testing.T) {
+		m := decode(t, "replay", "--json", "--samples", f["snap.pickle"])
+		assert.Equal(t, float64(2*gib), m["pytorch_peak_reserved_bytes"])
+		assert.Equal(t, float64(3*gib/2), m["pytorch_peak_live_bytes"])
+		assert.Equal(t, float64(3*gib/2), m["peak_live_bytes"])
+		assert.Equal(t, 6.0, m["events"])
+		assert.NotEmpty(t, m["samples"])
+	})
+	t.Run("compare", func(t *testing.T) {
+		m := decode(t, "replay", "--json", "--compare", f["trace.txt"])
+		cmp, ok := m["compare"].([]any)
+		require.True(t, ok)
+		assert.Len(t, cmp, 6)
+		assert.Equal(t, "expandable", m["policy"])
+		assert.Contains(t, m, "min_capacity_bytes")
+	})
+}
+
+func TestGenAndConvert(t *testing.T) {
+	dir := t.TempDir()
+	for _, kind := range []string{"training", "inference", "mix"} {
+		t.Run(kind, func(t *testing.T) {
+			bin := filepath.Join(dir, kind+".bin")
+			code, _, errs := runCLI("gen", "--kind", kind, "--seed", "3", "-o", bin)
+			require.Equal(t, exitOK, code, errs)
+			assert.Contains(t, errs, "wrote ")
+			txt := filepath.Join(dir, kind+".txt")
+			code, _, errs = runCLI("convert", bin, "-o", txt)
+			require.Equal(t, exitOK, code, errs)
+			back := filepath.Join(dir, kind+".back.bin")
+			code, _, errs = runCLI("convert", "--to", "binary", txt, "-o", back)
+			require.Equal(t, exitOK, code, errs)
+			a, err := os.ReadFile(bin)
+			require.NoError(t, err)
+			b, err := os.ReadFile(back)
+			require.NoError(t, err)
+			assert.Equal(t, a, b, "binary → text → binary is lossless")
+			code, out, errs := runCLI("replay", "--json", back)
+			require.Equal(t, exitOK, code, errs)
+			assert.Contains(t, out, `"events"`)
+		})
+	}
+	t.Run("text to stdout", func(t *testing.T) {
+		code, out, _ := runCLI("gen", "--format", "text", "--seed", "2")
+		require.Equal(t, exitOK, code)
+		assert.True(t, strings.HasPrefix(out, trace.TextHeader+"\n"))
+		assert.Contains(t, out, "# name: training")
+	})
+	t.Run("same seed same bytes", func(t *testing.T) {
+		_, a, _ := runCLI("gen", "--seed", "5")
+		_, b, _ := runCLI("gen", "--seed", "5")
+		_, c, _ := runCLI("gen", "--seed", "6")
+		assert.Equal(t, a, b)
+		assert.NotEqual(t, a, c)
+	})
+	f := fixtures(t)
+	t.Run("pickle to binary", func(t *testing.T) {
+		out := filepath.Join(dir, "snap.bin")
+		code, _, errs := runCLI("convert", f["snap.pickle"], "-o", out)
+		require.Equal(t, exitOK, code, errs)
+		r, err := os.Open(out)
+		require.NoError(t, err)
+		defer r.Close()
+		er, err := trace.Open(r)
+		require.NoError(t, err)
+		s, err := trace.Summarize(er)
+		require.NoError(t, err)
+		assert.Equal(t, int64(3), s.Allocs)
+		assert.Equal(t, uint64(3*gib/2), s.PeakLiveBytes)
+	})
+	t.Run("rmm to text", func(t *testing.T) {
+		code, out, errs := runCLI("convert", "--to", "text", f["log.csv"])
+		require.Equal(t, exitOK, code, errs)
+		assert.Contains(t, out, "alloc 1 1048576")
+		assert.Contains(t, out, "free 2")
+	})
+}
+
+func TestRunErrors(t *testing.T) {
+	f := fixtures(t)
+	out := filepath.Join(f["dir"], "out.bin")
+	tests := []struct {
+		name string
+		args []string
+		code int
+		want string // substring of the one-line message
+	}{
+		{"no command", nil, exitUsage, ""},
+		{"unknown command", []string{"frobnicate"}, exitUsage, `unknown command "frobnicate"`},
+		{"unknown flag", []string{"replay", "--bogus"}, exitUsage, "flag provided but not defined: -bogus"},
+		{"two traces", []string{"replay", f["trace.bin"], f["trace.txt"]}, exitUsage, "at most one trace"},
+		{"bad config", []string{"replay", "--config", "nope:1"}, exitUsage, `unknown key "nope"`},
+		{"bad config value", []string{"replay", "--config", "max_split_size_mb:1"}, exitUsage, "max_split_size_mb"},
+		{"bad capacity", []string{"replay", "--capacity", "lots"}, exitUsage, "--capacity"},
+		{"zero capacity", []string{"replay", "--capacity", "0"}, exitUsage, "--capacity"},
+		{"bad format", []string{"replay", "--format", "xml", f["trace.bin"]}, exitUsage, `unknown format "xml"`},
+		{"negative device", []string{"replay", "--device", "-1", f["snap.pickle"]}, exitUsage, "--device"},
+		{"missing file", []string{"replay", f["missing"]}, exitFailure, "no such file"},
+		{"directory", []string{"replay", f["dir"]}, exitFailure, "is a directory"},
+		{"truncated pickle", []string{"replay", f["truncated.pickle"]}, exitFailure, "truncated"},
+		{"hostile pickle", []string{"replay", f["hostile.pickle"]}, exitFailure, "forbidden opcode"},
+		{"pickle not a snapshot", []string{"replay", f["notadict.pickle"]}, exitFailure, "malformed PyTorch snapshot"},
+		{"missing device", []string{"replay", "--device", "3", f["snap.pickle"]}, exitFailure, "device 3 not in snapshot"},
+		{"unknown format", []string{"replay", f["garbage.dat"]}, exitFailure, "unrecognised trace format"},
+		{"empty file", []string{"replay", f["empty.bin"]}, exitFailure, "is empty"},
+		{"truncated binary", []string{"replay", f["truncated.bin"]}, exitFailure, "corrupt"},
+		{"bad text", []string{"replay", f["badtext.txt"]}, exitFailure, "corrupt"},
+		{"forced wrong format", []string{"replay", "--format", "pytorch", f["trace.bin"]}, exitFailure, "reading"},
+		{"min capacity of a hostile pickle", []string{"replay", "--min-capacity", f["hostile.pickle"]}, exitFailure, "forbidden opcode"},
+		{"gen unknown kind", []string{"gen", "--kind", "video"}, exitUsage, `unknown workload "video"`},
+		{"gen bad seed", []string{"gen", "--seed", "x"}, exitUsage, "invalid value"},
+		{"gen bad format", []string{"gen", "--format", "csv"}, exitUsage, `unknown output format "csv"`},
+		{"gen extra argument", []string{"gen", "extra"}, exitUsage, "unexpected argument"},
+		{"gen unwritable", []string{"gen", "-o", filepath.Join(f["missing"], "x.bin")}, exitFailure, "no such file"},
+		{"convert no input", []string{"convert"}, exitUsage, "exactly one input"},
+		{"convert missing", []string{"convert", f["missing"], "-o", out}, exitFailure, "no such file"},
+		{"convert hostile", []string{"convert", f["hostile.pickle"], "-o", out}, exitFailure, "forbidden opcode"},
+		{"convert truncated binary", []string{"convert", f["truncated.bin"], "-o", out}, exitFailure, "corrupt"},
+		{"convert onto itself", []string{"convert", f["trace.bin"], "-o", f["trace.bin"]}, exitUsage, "same file"},
+		{"convert bad target", []string{"convert", "--to", "pickle", f["trace.bin"]}, exitUsage, "unknown output format"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			code, stdout, stderr := runCLI(tc.args...)
+			assert.Equal(t, tc.code, code, "stderr: %s", stderr)
+			assert.NotContains(t, stderr, "goroutine")
+			assert.NotContains(t, stderr, "panic")
+			if tc.want == "" {
+				assert.NotEmpty(t, stderr)
+				return
+			}
+			assert.Equal(t, 1, strings.Count(stderr, "\n"), "one line: %q", stderr)
+			assert.True(t, strings.HasPrefix(stderr, "vmmalloc"), stderr)
+			assert.Contains(t, stderr, tc.want)
+			assert.Empty(t, stdout)
+		})
+	}
+	_, err := os.Stat(out)
+	assert.True(t, os.IsNotExist(err), "a failed convert leaves no partial output")
+}
+
+func TestRecoverPanics(t *testing.T) {
+	var errb bytes.Buffer
+	code := run([]string{"replay", "--json"}, nil, &errb) // nil stdout panics when written
+	assert.Equal(t, exitInternal, code)
+	assert.Equal(t, 1, strings.Count(errb.String(), "\n"))
+	assert.Contains(t, errb.String(), "internal error")
+}
+
+func TestParseArgs(t *testing.T) {
+	fs := newFlagSet("x", "", &bytes.Buffer{})
+	v := fs.Bool("v", false, "")
+	n := fs.Int("n", 0, "")
+	pos, err := parseArgs(fs, []string{"a", "-v", "b", "-n", "3", "--", "-c", "d"})
+	require.NoError(t, err)
+	assert.Equal(t, []string{"a", "b", "-c", "d"}, pos)
+	assert.True(t, *v)
+	assert.Equal(t, 3, *n)
+}
+
+func TestDetect(t *testing.T) {
+	tests := []struct {
+		name, head, want string
+	}{
+		{"x.bin", trace.Magic + "\x01", fmtBinary},
+		{"x", "# vmmalloc-trace v1\n", fmtText},
+		{"x", "\x80\x04\x95", fmtPyTorch},
+		{"x.PICKLE", "junk", fmtPyTorch},
+		{"x.pkl", "", fmtPyTorch},
+		{"log.csv", "anything", fmtRMM},
+		{"log", "Thread,Time,Action,Pointer,Size,Stream\n", fmtRMM},
+	}
+	for _, tc := range tests {
+		got, err := detect(tc.name, []byte(tc.head))
+		require.NoError(t, err, tc.name)
+		assert.Equal(t, tc.want, got, tc.name)
+	}
+	_, err := detect("x", []byte("plain words"))
+	assert.ErrorIs(t, err, errUnknownFormat)
+	_, err = detect("x", nil)
+	assert.ErrorIs(t, err, errUnknownFormat)
+}
+
+func TestRenderBar(t *testing.T) {
+	assert.Equal(t, "tr [###############               ]  50% 1,000,000 events, 2.0 Mevents/s",
+		renderBar("tr", 0.5, 1_000_000, 500*time.Millisecond))
+	assert.Equal(t, "tr 10 events, 10.0 events/s", renderBar("tr", -1, 10, time.Second))
+	assert.Contains(t, renderBar("tr", 7, 1, time.Second), "100%")
+}
+
+func TestProgressDrawsOnlyAfterDelay(t *testing.T) {
+	var buf bytes.Buffer
+	now := time.Unix(0, 0)
+	p := &progress{w: &buf, label: "x", fraction: func(int64) float64 { return 0.25 }, now: func() time.Time { return now }, start: now}
+	p.update(10)
+	assert.Empty(t, buf.String(), "nothing before the delay")
+	now = now.Add(progressDelay)
+	p.update(20)
+	assert.Contains(t, buf.String(), " 25% 20 events")
+	n := buf.Len()
+	now = now.Add(progressInterval / 2)
+	p.update(30)
+	assert.Equal(t, n, buf.Len(), "throttled")
+	p.done()
+	assert.True(t, strings.HasSuffix(buf.String(), "\r"))
+	var nilP *progress
+	nilP.update(1)
+	nilP.done()
+	assert.Nil(t, newProgress(&buf, "x", nil), "a buffer is not a terminal")
+}
