@@ -23,6 +23,7 @@ type Allocator struct {
 	cfg      Config
 	dev      int
 	total    uint64 // device capacity, nbytes
+	gran     uint64 // driver MINIMUM granularity: the unit of mapping, nbytes
 	allowed  uint64 // reserved-memory cap from the memory fraction, nbytes
 	defaultS backend.Stream
 
@@ -63,9 +64,9 @@ type pendingEvent struct {
 type pool struct {
 	kind     stats.PoolKind
 	idx      int
-	pageSize uint64                      // bytes per physical handle (expandable)
+	pageSize uint64                      // bytes per full-size physical handle (expandable)
 	vaSize   uint64                      // bytes of VA per expandable segment
-	cache    *segment.HandleCache        // unmapped handles of pageSize
+	cache    *segment.HandleCache        // unmapped full-size handles
 	unmapped *btree.BTreeG[*arena.Block] // Unmapped blocks by address
 	nexp     int                         // expandable segments in this pool
 }
@@ -117,6 +118,7 @@ func New(drv backend.Driver, cfg Config) (*Allocator, error) {
 		cfg:     cfg,
 		dev:     cfg.Device,
 		total:   total,
+		gran:    gran,
 		allowed: total,
 		streams: make(map[backend.Stream]*streamState),
 	}

@@ -370,19 +370,19 @@ func TestOOMLadderUnmapsCachedPages(t *testing.T) {
 }
 
 func TestDefragRemapsHoles(t *testing.T) {
-	// x (100 MiB) and y (2 MiB) on stream 0; free x, leaving a 100 MiB
-	// hole; then ask for 200 MiB, which fits no hole. Without defrag the
-	// heap maps 10 new pages; with it, 4 pages of the hole are unmapped
-	// (after one stream sync) and their handles remapped.
+	// x (100 MiB: 5 full 20 MiB handles) and y (2 MiB) on stream 0; free x,
+	// leaving a 100 MiB hole; then ask for 200 MiB, which fits no hole.
+	// Without defrag the heap maps 200 MiB more (302 MiB in all); with it,
+	// the bound (1.01 × 202 MiB + one page) is exceeded by 78 MiB, so the
+	// hole's top 4 handles are unmapped (after one stream sync) and reused
+	// for the 200 MiB.
 	cases := []struct {
 		conf         string
 		wantReserved uint64
 		wantReused   int64
 	}{
-		{"defrag_threshold:off", 320 << 20, 0},
-		// Excess 118 MiB over the bound, rounded up to 6 pages, of which
-		// the hole holds 5.
-		{"defrag_threshold:0.01", 220 << 20, 5},
+		{"defrag_threshold:off", 302 << 20, 0},
+		{"defrag_threshold:0.01", 222 << 20, 4},
 	}
 	for _, c := range cases {
 		t.Run(c.conf, func(t *testing.T) {

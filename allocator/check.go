@@ -5,6 +5,7 @@ import (
 	"fmt"
 
 	"github.com/vmmalloc/vmmalloc/arena"
+	"github.com/vmmalloc/vmmalloc/segment"
 	"github.com/vmmalloc/vmmalloc/stats"
 )
 
@@ -53,7 +54,9 @@ func (a *Allocator) check() error {
 		if !sg.expandable && a.cfg.MaxSplitSize != 0 && r.Size >= a.cfg.MaxSplitSize {
 			want.OversizeSegments.Add(1)
 		}
-		ps := uint64(sg.s.PageSize())
+		gran := sg.s.Granule()
+		var mapped []segment.Run // mapped runs implied by the blocks
+		var runStart uint64      // offset where the current run of mapped blocks began
 		addr := r.Base
 		var unmappedBytes uint64
 		var prev *arena.Block
@@ -70,8 +73,8 @@ func (a *Allocator) check() error {
 			addr = b.End()
 			off := uint64(b.Addr - r.Base)
 			if b.State == arena.Unmapped {
-				if !sg.expandable || off%ps != 0 || b.Size%ps != 0 {
-					return corrupt("unmapped block %#x+%d not page-aligned in an expandable segment", b.Addr, b.Size)
+				if !sg.expandable || off%gran != 0 || b.Size%gran != 0 {
+					return corrupt("unmapped block %#x+%d not granule-aligned in an expandable segment", b.Addr, b.Size)
 				}
 				if got, ok := p.unmapped.Get(b); !ok || got != b {
 					return corrupt("unmapped block %#x not in its pool's unmapped set", b.Addr)
@@ -79,21 +82,17 @@ func (a *Allocator) check() error {
 				if prev != nil && prev.State == arena.Unmapped {
 					return corrupt("unmapped blocks %#x and %#x not coalesced", prev.Addr, b.Addr)
 				}
-				for pg := off / ps; pg < (off+b.Size)/ps; pg++ {
-					if sg.s.IsMapped(int(pg)) {
-						return corrupt("unmapped block %#x covers mapped page %d", b.Addr, pg)
-					}
+				if prev != nil {
+					mapped = append(mapped, segment.Run{Off: runStart, Len: off - runStart})
 				}
+				runStart = off + b.Size
 				unmappedBytes += b.Size
 				nUnmapped[p.idx]++
 			} else {
-				for pg := off / ps; pg < (off+b.Size+ps-1)/ps; pg++ {
-					if !sg.s.IsMapped(int(pg)) {
-						return corrupt("%s block %#x+%d lies in unmapped page %d", b.State, b.Addr, b.Size, pg)
+				if prev != nil && prev.State != arena.Unmapped && prev.Stream != b.Stream {
+					if start, _, ok := sg.s.HandleRange(off); !ok || start != off {
+						return corrupt("a physical handle holds blocks of streams %d and %d (at %#x)", prev.Stream, b.Stream, b.Addr)
 					}
-				}
-				if prev != nil && prev.State != arena.Unmapped && prev.Stream != b.Stream && uint64(prev.End()-r.Base-1)/ps == off/ps {
-					return corrupt("page %d holds blocks of streams %d and %d", off/ps, prev.Stream, b.Stream)
 				}
 				if _, ok := a.streams[b.Stream]; !ok {
 					return corrupt("block %#x on unknown stream %d", b.Addr, b.Stream)
@@ -148,6 +147,19 @@ func (a *Allocator) check() error {
 		}
 		if addr != r.End() {
 			return corrupt("blocks of segment %#x end at %#x, not %#x", r.Base, addr, r.End())
+		}
+		if prev != nil && prev.State != arena.Unmapped {
+			mapped = append(mapped, segment.Run{Off: runStart, Len: r.Size - runStart})
+		}
+		// The blocks that are not unmapped cover exactly the mapped granules.
+		got := sg.s.MappedRuns()
+		if len(got) != len(mapped) {
+			return corrupt("segment %#x: blocks say %d mapped runs, segment %d", r.Base, len(mapped), len(got))
+		}
+		for i := range got {
+			if got[i] != mapped[i] {
+				return corrupt("segment %#x: blocks say mapped run %+v, segment %+v", r.Base, mapped[i], got[i])
+			}
 		}
 		if r.Size-unmappedBytes != sg.s.MappedBytes() {
 			return corrupt("segment %#x: %d bytes outside unmapped blocks but %d mapped", r.Base, r.Size-unmappedBytes, sg.s.MappedBytes())
@@ -245,18 +257,15 @@ func (a *Allocator) Footprint() (reservations, mappings []Range, cachedHandles i
 	defer a.mu.Unlock()
 	for _, sg := range a.segs {
 		reservations = append(reservations, Range{sg.s.Base(), sg.s.Size()})
-		ps := sg.s.PageSize()
-		for i := 0; i < sg.s.NumPages(); i++ {
-			if sg.s.IsMapped(i) {
-				mappings = append(mappings, Range{sg.s.Base() + uintptr(uint64(i)*ps), ps})
-			}
+		for _, h := range sg.s.Handles() {
+			mappings = append(mappings, Range{sg.s.Base() + uintptr(h.Off), h.Len})
 		}
 	}
 	for _, z := range a.zombies {
 		if !z.Released() {
 			reservations = append(reservations, Range{z.Base(), z.Size()})
 		}
-		if z.IsMapped(0) {
+		if z.MappedBytes() > 0 {
 			mappings = append(mappings, Range{z.Base(), z.Size()})
 		}
 	}

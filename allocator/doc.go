@@ -8,33 +8,38 @@
 //
 // One Allocator serves one device. It has two pools, small (rounded
 // requests ≤ 1 MiB) and large, each with its own page size (2 MiB and
-// 20 MiB by default: bytes per physical handle). A segment is one virtual
-// address reservation (package segment) whose range is tiled by blocks
-// (package arena). Every free mapped block sits in the free list of its
+// 20 MiB by default: the largest physical handle it maps). A segment is one
+// virtual address reservation (package segment) whose range is tiled by
+// blocks (package arena). Every free mapped block sits in the free list of its
 // stream and pool, a TLSF index giving the exact best fit (smallest, then
 // lowest address). A block's life:
 //
-//	Unmapped ──map pages──▶ Free ──Malloc──▶ Allocated ──Free──▶ Free
-//	    ▲                    │                   │
-//	    └──unmap pages───────┘                   └─Free after RecordStream──▶ PendingFree
-//	                                                 (events complete) ──▶ Free
+//	Unmapped ──map handles──▶ Free ──Malloc──▶ Allocated ──Free──▶ Free
+//	    ▲                      │                   │
+//	    └──unmap handles───────┘                   └─Free after RecordStream──▶ PendingFree
+//	                                                   (events complete) ──▶ Free
 //
 // Malloc rounds the request (512 bytes, or roundup_power2_divisions), takes
 // the best fit from its stream's free list and splits off the rest. On a
 // miss it grows: it takes the lowest-addressed unmapped run that, merged
 // with the stream's free block just before it (and just after it), fits,
-// and maps only the pages needed, so the heap grows at the lowest address
-// and freed pieces merge back. Free coalesces with free neighbours of the
-// same stream. A free block on another stream's list is never handed out:
+// and maps only the granules needed (the driver's granularity, 2 MiB), so
+// the heap grows at the lowest address and freed pieces merge back. The
+// mapped range is cut at multiples of the page size: the aligned middle is
+// mapped with full-size handles (reused from a handle cache), the partial
+// head and tail with handles of exactly their size. Memory is unmapped a
+// whole handle at a time, so fitting handles to what was asked for leaves
+// less memory stranded in partly used handles than a fixed page grid.
+// Free coalesces with free neighbours of the same stream. A free block on another stream's list is never handed out:
 // stream-ordered reuse needs no synchronisation.
 //
-// # Pages belong to one stream at a time
+// # Handles belong to one stream at a time
 //
-// Pages are mapped for one stream, and every block inside a mapped page
-// belongs to that stream; once the stream's blocks in a page are all free
-// they coalesce, and the page can be unmapped after synchronising only that
-// stream. Unmapped address space belongs to no stream, so every stream of
-// a pool shares one reservation.
+// Handles are mapped for one stream, and every block inside a mapped
+// handle belongs to that stream; once the stream's blocks in a handle are
+// all free they coalesce, and the handle can be unmapped after
+// synchronising only that stream. Unmapped address space belongs to no
+// stream, so every stream of a pool shares one reservation.
 //
 // # Address-space budget
 //
@@ -54,8 +59,8 @@
 //  1. frees the cached physical handles (unmapped but not yet freed) and
 //     retries;
 //  2. waits for every pending stream event (freeing the blocks waiting on
-//     them), unmaps every free page of every stream (synchronising each such
-//     stream once; interior pages of free blocks too), releases empty
+//     them), unmaps every free handle of every stream (synchronising each
+//     such stream once; interior handles of free blocks too), releases empty
 //     segments and cached handles, and retries (num_alloc_retries);
 //  3. returns an *OutOfMemoryError stating the request, device total and
 //     free memory, allocated bytes, and reserved-but-unallocated bytes.
@@ -66,11 +71,11 @@
 // # Release policy and reserved-memory bound
 //
 // EmptyCache runs rung 2 of the ladder on demand. Synchronize(stream) waits
-// for the stream and unmaps the stream's free pages in excess of
+// for the stream and unmaps the stream's free handles in excess of
 // release_threshold_mb, as CUDA's pool release threshold does. In classic
 // mode, max_split_size_mb keeps big blocks whole (PyTorch's rules). In
 // expandable mode it is ignored: splitting an expandable block strands no
-// memory, since its free pages can always be unmapped; honouring it there is
+// memory, since its free handles can always be unmapped; honouring it there is
 // what made reserved memory grow without bound in pytorch#193400.
 //
 // # Concurrency

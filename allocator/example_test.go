@@ -24,7 +24,7 @@ func Example() {
 	_ = a.EmptyCache()
 	fmt.Printf("after EmptyCache: reserved %d MiB\n", a.MemoryReserved()>>20)
 	// Output:
-	// allocated 3 MiB, reserved 20 MiB
+	// allocated 3 MiB, reserved 4 MiB
 	// reused: true
 	// after EmptyCache: reserved 0 MiB
 }

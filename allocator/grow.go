@@ -81,7 +81,7 @@ func (a *Allocator) allocSlow(ss *streamState, p *pool, rounded, size uint64) (*
 // growSize is how many bytes growth for rounded maps.
 func (a *Allocator) growSize(p *pool, rounded uint64) uint64 {
 	if a.cfg.ExpandableSegments {
-		return roundUp(rounded, p.pageSize)
+		return roundUp(rounded, a.gran)
 	}
 	return a.classicSegmentSize(rounded)
 }
@@ -161,7 +161,7 @@ func (a *Allocator) growExpandable(ss *streamState, p *pool, rounded uint64) (*a
 		if mergeable(c.Prev) {
 			pre = c.Prev.Size
 		}
-		need := roundUp(rounded-min(pre, rounded-1), p.pageSize)
+		need := roundUp(rounded-min(pre, rounded-1), a.gran)
 		if need <= c.Size {
 			u, mapLen = c, need
 			return false
@@ -176,13 +176,13 @@ func (a *Allocator) growExpandable(ss *streamState, p *pool, rounded uint64) (*a
 		if p.nexp >= a.cfg.MaxSegmentsPerPool {
 			return nil, errNoVA
 		}
-		mapLen = roundUp(rounded, p.pageSize)
+		mapLen = roundUp(rounded, a.gran)
 		if a.overCap(mapLen) {
 			return nil, backend.Errorf(backend.OpMap, backend.ErrOutOfMemory, "", "per_process_memory_fraction cap %d bytes reached", a.allowed)
 		}
 		s, err := segment.New(a.drv, segment.Config{
 			Device: a.dev, Prop: backend.DeviceProp(a.dev), PageSize: p.pageSize,
-			VASize: max(p.vaSize, mapLen), Cache: p.cache, Counters: &a.counters,
+			VASize: max(p.vaSize, roundUp(mapLen, p.pageSize)), Cache: p.cache, Counters: &a.counters,
 		})
 		if err != nil {
 			if errors.Is(err, backend.ErrOutOfMemory) {
@@ -241,7 +241,7 @@ func (a *Allocator) growExpandable(ss *streamState, p *pool, rounded uint64) (*a
 func (a *Allocator) defragBeforeGrow(ss *streamState, p *pool, rounded uint64) {
 	page := p.pageSize
 	reserved := uint64(a.st.ReservedBytes[p.kind].Current)
-	after := reserved + roundUp(rounded, page)
+	after := reserved + roundUp(rounded, a.gran)
 	limit := uint64((1+a.cfg.DefragThreshold)*float64(uint64(a.st.AllocatedBytes[p.kind].Current)+rounded)) + page
 	if after <= limit {
 		return

@@ -189,22 +189,21 @@ func (a *Allocator) releaseStreamPool(ss *streamState, onlyPool int, target uint
 }
 
 // releasable reports whether releasing free block b would return memory:
-// a whole classic segment, or an expandable block covering a whole page.
+// a whole classic segment, or an expandable block holding at least one
+// whole physical handle.
 func (a *Allocator) releasable(b *arena.Block) bool {
 	sg := b.Region.Owner.(*seg)
 	if !sg.expandable {
 		return !b.IsSplit()
 	}
-	ps := uintptr(sg.pool.pageSize)
-	lo := (b.Addr - sg.r.Base + ps - 1) / ps * ps
-	hi := (b.End() - sg.r.Base) / ps * ps
+	lo, hi := sg.s.WholeHandles(uint64(b.Addr-sg.r.Base), b.Size, ^uint64(0))
 	return hi > lo
 }
 
 // releaseBlock returns the memory of free block b (whose stream work is
 // known complete) to the driver: a whole classic segment, or the whole
-// pages inside an expandable block, at most limit bytes rounded up to a
-// page, taken from its high end so the heap stays low. mu held.
+// handles inside an expandable block, the fewest from its high end that
+// make at least limit bytes (so the heap stays low). mu held.
 func (a *Allocator) releaseBlock(ss *streamState, b *arena.Block, limit uint64) error {
 	sg := b.Region.Owner.(*seg)
 	p := sg.pool
@@ -217,13 +216,8 @@ func (a *Allocator) releaseBlock(ss *streamState, b *arena.Block, limit uint64) 
 		a.dropSeg(sg, mapped)
 		return nil
 	}
-	ps := uint64(p.pageSize)
 	off := uint64(b.Addr - sg.r.Base)
-	lo := roundUp(off, ps)
-	hi := roundDown(off+b.Size, ps)
-	if hi-lo > limit {
-		lo = hi - roundUp(limit, ps)
-	}
+	lo, hi := sg.s.WholeHandles(off, b.Size, limit)
 	if lo >= hi {
 		return nil
 	}

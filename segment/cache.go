@@ -11,15 +11,15 @@ import (
 // caches; the caller's device lock guards it like everything else here.
 // Every field counts calls or handles since creation.
 type Counters struct {
-	// Maps and Unmaps count pages mapped and unmapped: driver Map and
+	// Maps and Unmaps count handles mapped and unmapped: driver Map and
 	// Unmap calls that succeeded, including those a rollback made.
 	Maps, Unmaps int64
 	// HandlesCreated counts CreatePhysical calls that succeeded.
 	HandlesCreated int64
 	// HandlesFreed counts FreePhysical calls that succeeded.
 	HandlesFreed int64
-	// HandlesReused counts pages mapped with a handle taken from a
-	// HandleCache instead of a new one. A handle taken by a Map that then
+	// HandlesReused counts handles mapped that were taken from a
+	// HandleCache instead of created. A handle taken by a Map that then
 	// rolled back went back to the cache and is not counted.
 	HandlesReused int64
 	// StreamSyncs counts StreamSynchronize calls that succeeded before an
@@ -30,7 +30,8 @@ type Counters struct {
 // HandleCache holds unmapped physical handles of one size and property so
 // that a later Map reuses them instead of creating new ones, as torch_npu's
 // allocator does. Segments whose PageSize and Prop match may share one
-// cache.
+// cache; it holds only their full-size (PageSize) handles, never the
+// odd-size ones cut for the head or tail of a mapped range.
 //
 // A HandleCache is not safe for concurrent use: the caller serialises calls
 // to it and to every segment using it (the allocator's device lock).

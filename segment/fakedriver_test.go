@@ -185,6 +185,16 @@ func (d *fakeDriver) handleLive(h backend.Handle) bool {
 	return ok && !fh.freed
 }
 
+// handleSize returns the nbytes of live handle h (0 if it is gone).
+func (d *fakeDriver) handleSize(h backend.Handle) uint64 {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if fh, ok := d.handles[h]; ok {
+		return fh.size
+	}
+	return 0
+}
+
 // mappingsIn lists the bases of the mappings inside [base, base+size), in
 // address order.
 func (d *fakeDriver) mappingsIn(base uintptr, size uint64) []uintptr {

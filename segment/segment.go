@@ -1,38 +1,64 @@
 // Package segment implements one expandable segment: a reserved range of
-// virtual addresses (VA) cut into fixed-size pages, each of which is either
-// unmapped or mapped to a physical handle of exactly one page. It is the
-// Go counterpart of PyTorch's ExpandableSegment (CUDACachingAllocator.cpp)
-// built on the backend.Driver VMM primitives; the allocator above it grows
-// a segment by mapping pages and shrinks it by unmapping them.
+// virtual addresses (VA) whose memory is mapped and unmapped in physical
+// handles of variable size on a granule grid. It is the Go counterpart of
+// PyTorch's ExpandableSegment (CUDACachingAllocator.cpp) built on the
+// backend.Driver VMM primitives; the allocator above it grows a segment by
+// mapping ranges and shrinks it by unmapping them.
 //
-// # Page state machine
+// # Granules, pages and handles
 //
-// Every page of a live segment is in one of two states:
+// Three sizes describe a segment:
 //
-//	           Map: handle from HandleCache, else CreatePhysical;
-//	                driver Map; driver SetAccess
-//	unmapped ─────────────────────────────────────────▶ mapped(handle)
-//	    ▲                                                     │
-//	    └─────────────────────────────────────────────────────┘
-//	           Unmap: StreamSynchronize the given streams; driver Unmap;
-//	                  handle → HandleCache (if it has room) or FreePhysical
+//   - the granule (Config.Granule, by default the driver's MINIMUM
+//     granularity) is the unit of mapping: every offset and length given to
+//     Map and Unmap is a multiple of it, and the segment records the state
+//     of each granule;
+//   - the page (Config.PageSize, a multiple of the granule) is the largest
+//     handle: the segment's range is cut into pages at the multiples of
+//     PageSize (offsets from Base), and no handle crosses a page boundary;
+//   - a handle covers one or more granules of one page.
 //
-// A handle that leaves a page goes to the segment's HandleCache when it has
-// one and the cache has room, and back to the driver (FreePhysical)
-// otherwise. A handle whose FreePhysical fails is never dropped: it stays in
-// the cache (beyond its limit; HandleCache.Trim retries it) or, without a
-// cache, in the segment's leftover list (FreeLeftovers, Release and Destroy
-// retry it).
+// Map(off, n) cuts [off, off+n) at the page boundaries and backs each piece
+// with one handle of exactly its size. Pieces that are whole pages get
+// full-size handles (PageSize bytes), taken from the HandleCache first and
+// created only when it is empty; a partial piece at the head or tail of
+// the range gets an odd-size handle, always created fresh. For example,
+// with 20 MiB pages and 2 MiB granules, Map(6 MiB, 50 MiB) maps the handles
+// [6, 20), [20, 40) and [40, 56) MiB: two odd ones of 14 and 16 MiB and one
+// full one of 20 MiB. So no memory is stranded in partly used pages, while
+// the aligned middle of a large range still uses full, reusable handles.
 //
-// Map is all or nothing: if any step fails for any page (creating a
-// handle, mapping it, setting its access), every page this call mapped is
+// # State machine
+//
+// Every granule of a live segment is in one of two states:
+//
+//	            Map: cut at page boundaries; per piece a handle
+//	                 (full size: HandleCache, else CreatePhysical;
+//	                 odd size: CreatePhysical); driver Map; SetAccess
+//	unmapped ─────────────────────────────────────────────────▶ mapped, as part
+//	    ▲                                                        of one handle
+//	    └────────────────────────────────────────────────────────────┘
+//	            Unmap (whole handles only): StreamSynchronize the given
+//	            streams; driver Unmap; full-size handle → HandleCache (if it
+//	            has room) or FreePhysical; odd-size handle → FreePhysical
+//
+// A mapped granule belongs to exactly one handle, and a handle is mapped
+// and unmapped whole: Unmap's range must start and end on handle
+// boundaries. A handle whose FreePhysical fails is never dropped: a
+// full-size one stays in the cache (beyond its limit; HandleCache.Trim
+// retries it) when the segment has a cache, and any other goes to the
+// segment's leftover list (FreeLeftovers, Release and Destroy retry it).
+// Only full-size handles ever enter a HandleCache.
+//
+// Map is all or nothing: if any step fails for any handle (creating it,
+// mapping it, setting its access), every handle this call mapped is
 // unmapped again, handles taken from the cache go back to it in their old
 // order, and handles created are freed; the error wraps the driver's error
 // so errors.Is(err, backend.ErrOutOfMemory) works. If a rollback step itself
-// fails the state stays truthful: a page the driver still maps is recorded
-// as mapped with its handle, and a handle that could not be freed is kept as
-// above. Unmap works page by page in address order and stops at the first
-// driver Unmap error, reporting how long the unmapped prefix is.
+// fails the state stays truthful: a handle the driver still maps is
+// recorded as mapped, and a handle that could not be freed is kept as
+// above. Unmap works handle by handle in address order and stops at the
+// first driver Unmap error, reporting how long the unmapped prefix is.
 //
 // The segment itself is alive from New until Release (or Destroy)
 // succeeds; afterwards every mutating call returns ErrReleased. A failed
@@ -42,9 +68,9 @@
 // # Classic segments
 //
 // NewClassic makes the baseline "cudaMalloc" segment: one reservation, one
-// handle of the whole (granularity-rounded) size, mapped at creation. It has
-// one page, is never grown or partly unmapped (Map and Unmap return
-// ErrClassic), and is torn down with Destroy.
+// handle of the whole (granule-rounded) size, mapped at creation; its
+// PageSize is that size. It is never grown or partly unmapped (Map and
+// Unmap return ErrClassic), and is torn down with Destroy.
 //
 // # Concurrency
 //
@@ -68,50 +94,55 @@ import (
 var (
 	// ErrInvalidConfig: New or NewClassic was given an unusable Config.
 	ErrInvalidConfig = errors.New("invalid segment config")
-	// ErrInvalidRange: an offset or length is not a multiple of the page
-	// size, or the length is zero.
+	// ErrInvalidRange: an offset or length is not a multiple of the
+	// granule, the length is zero, or an Unmap range starts or ends inside
+	// a handle.
 	ErrInvalidRange = errors.New("invalid range")
 	// ErrOutOfRange: a range reaches past the end of the segment.
 	ErrOutOfRange = errors.New("range out of segment")
-	// ErrAlreadyMapped: Map was asked to map a page that is mapped.
-	ErrAlreadyMapped = errors.New("page already mapped")
-	// ErrNotMapped: Unmap was asked to unmap a page that is not mapped.
-	ErrNotMapped = errors.New("page not mapped")
-	// ErrNotEmpty: Release was called while pages are still mapped.
-	ErrNotEmpty = errors.New("segment still has mapped pages")
+	// ErrAlreadyMapped: Map was asked to map a granule that is mapped.
+	ErrAlreadyMapped = errors.New("granule already mapped")
+	// ErrNotMapped: Unmap was asked to unmap a granule that is not mapped.
+	ErrNotMapped = errors.New("granule not mapped")
+	// ErrNotEmpty: Release was called while handles are still mapped.
+	ErrNotEmpty = errors.New("segment still has mapped handles")
 	// ErrReleased: the segment's address range has been released.
 	ErrReleased = errors.New("segment released")
 	// ErrClassic: Map or Unmap was called on a classic segment.
 	ErrClassic = errors.New("operation not supported on a classic segment")
-	// ErrHandleNotFreed: a page was unmapped (or a rollback finished) but
-	// FreePhysical of its handle failed; the handle is kept, in the handle
-	// cache or the segment's leftover list, for a later retry.
+	// ErrHandleNotFreed: a handle was unmapped (or a rollback finished) but
+	// its FreePhysical failed; the handle is kept, in the handle cache or
+	// the segment's leftover list, for a later retry.
 	ErrHandleNotFreed = errors.New("physical handle not freed, kept for retry")
 )
 
-// MaxPages is the most pages one segment may have (its per-page table is
-// 8 bytes a page).
-const MaxPages = 1 << 24
+// MaxGranules is the most granules one segment may have (its per-granule
+// table is 12 bytes a granule).
+const MaxGranules = 1 << 24
 
 // Config describes an expandable segment.
 type Config struct {
 	// Device is the device the segment belongs to. When Prop names a
 	// device it must be this one.
 	Device int
-	// Prop is the physical memory property of the pages.
+	// Prop is the physical memory property of the handles.
 	Prop backend.PhysicalProp
-	// PageSize is the nbytes of each page, i.e. of each physical handle;
-	// a nonzero multiple of the driver's MINIMUM granularity for Prop.
+	// Granule is the nbytes of the mapping grid: every Map and Unmap
+	// offset and length is a multiple of it. 0 means the driver's MINIMUM
+	// granularity for Prop; otherwise it must be a multiple of that.
+	Granule uint64
+	// PageSize is the nbytes of the largest (full-size) handle; a nonzero
+	// multiple of Granule. Handles never cross a multiple of PageSize.
 	PageSize uint64
 	// VASize is the nbytes of address space to reserve; a nonzero multiple
-	// of PageSize, at most MaxPages pages.
+	// of PageSize, at most MaxGranules granules.
 	VASize uint64
-	// Access is set on every page mapped. Empty means read-write for
+	// Access is set on every handle mapped. Empty means read-write for
 	// Prop.Location. The slice is copied.
 	Access []backend.AccessDesc
-	// Cache, optional, supplies handles before CreatePhysical and takes
-	// them back on Unmap. Its size must equal PageSize and its property
-	// Prop, and it must use the same driver.
+	// Cache, optional, supplies full-size handles before CreatePhysical and
+	// takes them back on Unmap. Its size must equal PageSize and its
+	// property Prop, and it must use the same driver.
 	Cache *HandleCache
 	// Counters, optional, receives the segment's driver-call figures.
 	Counters *Counters
@@ -123,31 +154,40 @@ type Run struct {
 	Len uint64 // length, in bytes
 }
 
-// Segment is one reserved VA range and the mapping state of its pages. See
-// the package documentation for the state machine. It is not safe for
+// Segment is one reserved VA range and the mapping state of its granules.
+// See the package documentation for the state machine. It is not safe for
 // concurrent use; the caller's device lock guards every field.
 type Segment struct {
 	drv      backend.Driver
 	dev      int
 	prop     backend.PhysicalProp
-	access   []backend.AccessDesc // set on every mapped page
+	access   []backend.AccessDesc // set on every mapped handle
 	base     uintptr              // start of the reservation
 	size     uint64               // nbytes reserved
-	pageSize uint64               // nbytes per page and per handle
-	classic  bool                 // one whole-size page mapped at creation
+	gran     uint64               // nbytes per granule
+	pageSize uint64               // nbytes of a full-size handle; a multiple of gran
+	classic  bool                 // one whole-size handle mapped at creation
 
-	handles  []backend.Handle // per page: its handle, 0 if unmapped; nil once released
-	mapped   int              // npages mapped (nonzero entries of handles)
-	cache    *HandleCache     // optional
+	// span has one entry per granule (nil once released): 0 if the granule
+	// is unmapped; k > 0 if it is the first granule of a mapped handle k
+	// granules long; -d < 0 if it lies d granules after the first granule
+	// of its handle. Walking a segment by handles jumps span[i] granules.
+	span []int32
+	// hnd has one entry per granule (nil once released): the handle at
+	// the first granule of each mapped handle, 0 everywhere else.
+	hnd      []backend.Handle
+	nHandles int              // handles mapped (positive entries of span)
+	nGran    int              // granules mapped (nonzero entries of span)
+	cache    *HandleCache     // optional; holds full-size handles only
 	c        *Counters        // never nil
-	leftover []backend.Handle // handles whose FreePhysical failed (no cache)
-	scratch  []backend.Handle // reused by Map: the handles of the pages being mapped
+	leftover []backend.Handle // handles whose FreePhysical failed and that no cache holds
+	scratch  []backend.Handle // reused by Map: the handles of the pieces being mapped
 	released bool
 }
 
 // New validates cfg (querying the driver's MINIMUM granularity for
-// cfg.Prop) and reserves cfg.VASize bytes of address space with every page
-// unmapped. On failure nothing is left reserved; the error wraps
+// cfg.Prop) and reserves cfg.VASize bytes of address space with every
+// granule unmapped. On failure nothing is left reserved; the error wraps
 // ErrInvalidConfig for a bad config, or the driver's error.
 func New(drv backend.Driver, cfg Config) (*Segment, error) {
 	if drv == nil {
@@ -156,20 +196,20 @@ func New(drv backend.Driver, cfg Config) (*Segment, error) {
 	if err := checkProp(cfg); err != nil {
 		return nil, err
 	}
-	gran, err := granularity(drv, cfg.Prop)
+	gran, err := granule(drv, cfg)
 	if err != nil {
 		return nil, err
 	}
 	switch {
 	case cfg.PageSize == 0 || cfg.PageSize%gran != 0:
-		return nil, fmt.Errorf("segment.New: %w: page size %d is not a nonzero multiple of the granularity %d",
+		return nil, fmt.Errorf("segment.New: %w: page size %d is not a nonzero multiple of the granule %d",
 			ErrInvalidConfig, cfg.PageSize, gran)
 	case cfg.VASize == 0 || cfg.VASize%cfg.PageSize != 0:
 		return nil, fmt.Errorf("segment.New: %w: VA size %d is not a nonzero multiple of the page size %d",
 			ErrInvalidConfig, cfg.VASize, cfg.PageSize)
-	case cfg.VASize/cfg.PageSize > MaxPages:
-		return nil, fmt.Errorf("segment.New: %w: %d pages exceed the limit of %d",
-			ErrInvalidConfig, cfg.VASize/cfg.PageSize, MaxPages)
+	case cfg.VASize/gran > MaxGranules:
+		return nil, fmt.Errorf("segment.New: %w: %d granules exceed the limit of %d",
+			ErrInvalidConfig, cfg.VASize/gran, MaxGranules)
 	}
 	if hc := cfg.Cache; hc != nil && (hc.size != cfg.PageSize || hc.prop != cfg.Prop) {
 		return nil, fmt.Errorf("segment.New: %w: handle cache holds %d-byte %v handles, segment needs %d-byte %v",
@@ -179,7 +219,7 @@ func New(drv backend.Driver, cfg Config) (*Segment, error) {
 	if err != nil {
 		return nil, fmt.Errorf("segment.New: reserve %d bytes: %w", cfg.VASize, err)
 	}
-	s := newSegment(drv, cfg, base, cfg.VASize, cfg.PageSize)
+	s := newSegment(drv, cfg, base, cfg.VASize, gran, cfg.PageSize)
 	s.cache = cfg.Cache
 	return s, nil
 }
@@ -193,15 +233,16 @@ func NewClassic(drv backend.Driver, dev int, size uint64, prop backend.PhysicalP
 	return NewClassicConfig(drv, size, Config{Device: dev, Prop: prop})
 }
 
-// NewClassicConfig is NewClassic with a full Config: cfg.Access and
-// cfg.Counters are used; cfg.PageSize and cfg.VASize must be 0 or equal to
-// the rounded size, and cfg.Cache must be nil.
+// NewClassicConfig is NewClassic with a full Config: cfg.Access,
+// cfg.Counters and cfg.Granule (the rounding unit; 0 means the driver's
+// MINIMUM granularity) are used; cfg.PageSize and cfg.VASize must be 0 or
+// equal to the rounded size, and cfg.Cache must be nil.
 //
 // On failure every completed step is undone. If undoing itself fails,
 // NewClassicConfig returns the error together with a non-nil Segment that
-// truthfully holds what could not be undone (the reservation, a page still
-// mapped, or a leftover handle); the caller must Destroy it. Otherwise the
-// Segment is nil whenever the error is not.
+// truthfully holds what could not be undone (the reservation, a handle
+// still mapped, or a leftover handle); the caller must Destroy it.
+// Otherwise the Segment is nil whenever the error is not.
 func NewClassicConfig(drv backend.Driver, size uint64, cfg Config) (*Segment, error) {
 	if drv == nil {
 		return nil, fmt.Errorf("segment.NewClassic: %w: nil driver", ErrInvalidConfig)
@@ -215,7 +256,7 @@ func NewClassicConfig(drv backend.Driver, size uint64, cfg Config) (*Segment, er
 	if cfg.Cache != nil {
 		return nil, fmt.Errorf("segment.NewClassic: %w: a classic segment takes no handle cache", ErrInvalidConfig)
 	}
-	gran, err := granularity(drv, cfg.Prop)
+	gran, err := granule(drv, cfg)
 	if err != nil {
 		return nil, err
 	}
@@ -223,6 +264,10 @@ func NewClassicConfig(drv backend.Driver, size uint64, cfg Config) (*Segment, er
 		return nil, fmt.Errorf("segment.NewClassic: %w: size %d too large", ErrInvalidConfig, size)
 	}
 	size = (size + gran - 1) / gran * gran
+	if size/gran > MaxGranules {
+		return nil, fmt.Errorf("segment.NewClassic: %w: %d granules exceed the limit of %d",
+			ErrInvalidConfig, size/gran, MaxGranules)
+	}
 	if (cfg.PageSize != 0 && cfg.PageSize != size) || (cfg.VASize != 0 && cfg.VASize != size) {
 		return nil, fmt.Errorf("segment.NewClassic: %w: page size %d / VA size %d differ from the rounded size %d",
 			ErrInvalidConfig, cfg.PageSize, cfg.VASize, size)
@@ -231,11 +276,11 @@ func NewClassicConfig(drv backend.Driver, size uint64, cfg Config) (*Segment, er
 	if err != nil {
 		return nil, fmt.Errorf("segment.NewClassic: reserve %d bytes: %w", size, err)
 	}
-	s := newSegment(drv, cfg, base, size, size)
+	s := newSegment(drv, cfg, base, size, gran, size)
 	s.classic = true
-	if err := s.mapPages(0, 1); err != nil {
+	if err := s.mapRange(0, size); err != nil {
 		err = fmt.Errorf("segment.NewClassic: %w", err)
-		if s.mapped > 0 || len(s.leftover) > 0 {
+		if s.nHandles > 0 || len(s.leftover) > 0 {
 			return s, err // rollback incomplete: the caller must Destroy s
 		}
 		if rerr := drv.ReleaseAddress(base, size); rerr != nil {
@@ -271,15 +316,35 @@ func granularity(drv backend.Driver, prop backend.PhysicalProp) (uint64, error) 
 	return gran, nil
 }
 
-func newSegment(drv backend.Driver, cfg Config, base uintptr, size, pageSize uint64) *Segment {
+// granule returns cfg.Granule, or the driver's MINIMUM granularity for
+// cfg.Prop when it is 0, after checking it against that granularity.
+func granule(drv backend.Driver, cfg Config) (uint64, error) {
+	minGran, err := granularity(drv, cfg.Prop)
+	if err != nil {
+		return 0, err
+	}
+	if cfg.Granule == 0 {
+		return minGran, nil
+	}
+	if cfg.Granule%minGran != 0 {
+		return 0, fmt.Errorf("segment: %w: granule %d is not a multiple of the driver's granularity %d",
+			ErrInvalidConfig, cfg.Granule, minGran)
+	}
+	return cfg.Granule, nil
+}
+
+func newSegment(drv backend.Driver, cfg Config, base uintptr, size, gran, pageSize uint64) *Segment {
+	n := size / gran
 	s := &Segment{
 		drv:      drv,
 		dev:      cfg.Device,
 		prop:     cfg.Prop,
 		base:     base,
 		size:     size,
+		gran:     gran,
 		pageSize: pageSize,
-		handles:  make([]backend.Handle, size/pageSize),
+		span:     make([]int32, n),
+		hnd:      make([]backend.Handle, n),
 		c:        cfg.Counters,
 	}
 	if len(cfg.Access) > 0 {
@@ -299,16 +364,18 @@ func (s *Segment) Base() uintptr { return s.base }
 // Size is the nbytes of address space the segment reserves.
 func (s *Segment) Size() uint64 { return s.size }
 
-// PageSize is the nbytes of each page (and each physical handle).
-func (s *Segment) PageSize() uint64 { return s.pageSize }
+// Granule is the nbytes of the mapping grid: Map and Unmap offsets and
+// lengths are multiples of it.
+func (s *Segment) Granule() uint64 { return s.gran }
 
-// NumPages is the number of pages, Size / PageSize.
-func (s *Segment) NumPages() int { return int(s.size / s.pageSize) }
+// PageSize is the nbytes of the largest (full-size) handle; handles never
+// cross a multiple of it.
+func (s *Segment) PageSize() uint64 { return s.pageSize }
 
 // Device is the device the segment belongs to.
 func (s *Segment) Device() int { return s.dev }
 
-// Prop is the physical property of the segment's pages.
+// Prop is the physical property of the segment's handles.
 func (s *Segment) Prop() backend.PhysicalProp { return s.prop }
 
 // Classic reports whether this is a classic (NewClassic) segment.
@@ -317,174 +384,304 @@ func (s *Segment) Classic() bool { return s.classic }
 // Released reports whether the address range has been released.
 func (s *Segment) Released() bool { return s.released }
 
-// MappedPages is the number of pages mapped.
-func (s *Segment) MappedPages() int { return s.mapped }
+// HandleCount is the number of handles mapped.
+func (s *Segment) HandleCount() int { return s.nHandles }
 
-// MappedBytes is the nbytes of pages mapped.
-func (s *Segment) MappedBytes() uint64 { return uint64(s.mapped) * s.pageSize }
-
-// IsMapped reports whether page (an index, 0 ≤ page < NumPages) is mapped;
-// false for an index out of range.
-func (s *Segment) IsMapped(page int) bool { return s.Handle(page) != 0 }
-
-// Handle is the handle mapped at page, or 0 if the page is unmapped or the
-// index is out of range.
-func (s *Segment) Handle(page int) backend.Handle {
-	if page < 0 || page >= len(s.handles) {
-		return 0
-	}
-	return s.handles[page]
-}
+// MappedBytes is the nbytes mapped (the sum of the mapped handles' sizes).
+func (s *Segment) MappedBytes() uint64 { return uint64(s.nGran) * s.gran }
 
 // Leftovers is the number of handles whose FreePhysical failed and that the
-// segment keeps for a retry (handles of a segment with a cache are kept in
-// the cache instead).
+// segment keeps for a retry (a full-size handle of a segment with a cache
+// is kept in the cache instead).
 func (s *Segment) Leftovers() int { return len(s.leftover) }
 
-// MappedRuns lists the maximal runs of mapped pages in address order, as
-// byte offsets from Base.
-func (s *Segment) MappedRuns() []Run {
-	var runs []Run
-	start := -1
-	for p, h := range s.handles {
-		switch {
-		case h != 0 && start < 0:
-			start = p
-		case h == 0 && start >= 0:
-			runs = append(runs, s.run(start, p))
-			start = -1
-		}
+// IsMappedAt reports whether byte offset off (from Base) is mapped; false
+// for an offset out of range or a released segment.
+func (s *Segment) IsMappedAt(off uint64) bool {
+	return !s.released && off < s.size && s.span[off/s.gran] != 0
+}
+
+// HandleRange returns the handle mapped over byte offset off (from Base):
+// its first byte's offset and its nbytes. ok is false if off is unmapped,
+// out of range, or the segment is released.
+func (s *Segment) HandleRange(off uint64) (start, size uint64, ok bool) {
+	if s.released || off >= s.size {
+		return 0, 0, false
 	}
-	if start >= 0 {
-		runs = append(runs, s.run(start, len(s.handles)))
+	g := int(off / s.gran)
+	if s.span[g] == 0 {
+		return 0, 0, false
+	}
+	first := s.first(g)
+	return uint64(first) * s.gran, uint64(s.span[first]) * s.gran, true
+}
+
+// first returns the first granule of the handle mapped over granule g,
+// which must be mapped.
+func (s *Segment) first(g int) int {
+	if sp := s.span[g]; sp < 0 {
+		return g + int(sp)
+	}
+	return g
+}
+
+// Handles lists the mapped handles in address order, one Run per handle,
+// as byte offsets from Base; nil if none. It walks handles, not granules,
+// where it can and allocates the result; it is meant for checks and
+// reports, not for the hot path.
+func (s *Segment) Handles() []Run {
+	if s.nHandles == 0 {
+		return nil
+	}
+	runs := make([]Run, 0, s.nHandles)
+	for g := 0; g < len(s.span); {
+		sp := int(s.span[g])
+		if sp <= 0 {
+			g++
+			continue
+		}
+		runs = append(runs, s.run(g, g+sp))
+		g += sp
 	}
 	return runs
 }
 
-func (s *Segment) run(from, to int) Run {
-	return Run{Off: uint64(from) * s.pageSize, Len: uint64(to-from) * s.pageSize}
+// MappedRuns lists the maximal runs of mapped granules in address order,
+// as byte offsets from Base; nil if none. A run may span many handles.
+func (s *Segment) MappedRuns() []Run {
+	var runs []Run
+	start := -1
+	for g := 0; g < len(s.span); {
+		if sp := int(s.span[g]); sp > 0 {
+			if start < 0 {
+				start = g
+			}
+			g += sp
+			continue
+		}
+		if start >= 0 {
+			runs = append(runs, s.run(start, g))
+			start = -1
+		}
+		g++
+	}
+	if start >= 0 {
+		runs = append(runs, s.run(start, len(s.span)))
+	}
+	return runs
 }
 
-// va is the address of page p.
-func (s *Segment) va(p int) uintptr { return s.base + uintptr(uint64(p)*s.pageSize) }
+// WholeHandles returns the whole handles inside [off, off+n), a range the
+// caller knows to be mapped: lo is the first handle boundary ≥ off and hi
+// the last handle boundary ≤ off+n (offsets need not be granule-aligned).
+// If limit < hi−lo, lo is raised to the handle boundary that leaves the
+// smallest suffix [lo, hi) of whole handles with hi−lo ≥ limit; so limit 0
+// leaves nothing and ^uint64(0) trims nothing. When no whole handle fits
+// (or the segment is released, or the range is empty or out of range) it
+// returns lo == hi == off.
+//
+// Should [off, off+n) not be entirely mapped, [lo, hi) is the first run of
+// whole mapped handles in it, ending at the first unmapped granule; a
+// nonempty result is therefore always a valid Unmap range. It walks the
+// handles, not the granules, of a mapped range: O(handles in the range).
+func (s *Segment) WholeHandles(off, n, limit uint64) (lo, hi uint64) {
+	if s.released || n == 0 || off >= s.size {
+		return off, off
+	}
+	end := off + min(n, s.size-off)
+	endG := int(end / s.gran) // granules [.., endG) lie wholly before end
+	g := int(off / s.gran)
+	switch sp := s.span[g]; {
+	case sp < 0 || (sp > 0 && off%s.gran != 0): // off inside a handle: skip it
+		f := s.first(g)
+		g = f + int(s.span[f])
+	case sp == 0 && off%s.gran != 0: // inside an unmapped granule
+		g++
+	}
+	for g < endG && s.span[g] == 0 { // unmapped granules (not the caller's contract)
+		g++
+	}
+	first := g
+	for g < endG && s.span[g] > 0 && g+int(s.span[g]) <= endG {
+		g += int(s.span[g])
+	}
+	loG, hiG := first, g
+	if limit < uint64(hiG-loG)*s.gran {
+		// Step down from hiG one handle at a time until the suffix holds
+		// limit bytes; it stops before loG since [loG, hiG) holds more.
+		loG = hiG
+		for uint64(hiG-loG)*s.gran < limit {
+			loG = s.first(loG - 1)
+		}
+	}
+	if loG >= hiG {
+		return off, off
+	}
+	return uint64(loG) * s.gran, uint64(hiG) * s.gran
+}
 
-// pages validates a byte range and returns its first page and page count.
-func (s *Segment) pages(what string, off, n uint64) (first, count int, err error) {
+// run is the Run of granules [from, to).
+func (s *Segment) run(from, to int) Run {
+	return Run{Off: uint64(from) * s.gran, Len: uint64(to-from) * s.gran}
+}
+
+// va is the address of byte offset off.
+func (s *Segment) va(off uint64) uintptr { return s.base + uintptr(off) }
+
+// granules validates a byte range and returns its first granule and
+// granule count.
+func (s *Segment) granules(what string, off, n uint64) (first, count int, err error) {
 	if s.released {
 		return 0, 0, fmt.Errorf("segment: %s: %w", what, ErrReleased)
 	}
 	if s.classic {
 		return 0, 0, fmt.Errorf("segment: %s: %w", what, ErrClassic)
 	}
-	if n == 0 || off%s.pageSize != 0 || n%s.pageSize != 0 {
-		return 0, 0, fmt.Errorf("segment: %s [%#x, +%#x): %w: page size is %#x",
-			what, off, n, ErrInvalidRange, s.pageSize)
+	if n == 0 || off%s.gran != 0 || n%s.gran != 0 {
+		return 0, 0, fmt.Errorf("segment: %s [%#x, +%#x): %w: granule is %#x",
+			what, off, n, ErrInvalidRange, s.gran)
 	}
 	if off >= s.size || n > s.size-off {
 		return 0, 0, fmt.Errorf("segment: %s [%#x, +%#x): %w of size %#x", what, off, n, ErrOutOfRange, s.size)
 	}
-	return int(off / s.pageSize), int(n / s.pageSize), nil
+	return int(off / s.gran), int(n / s.gran), nil
 }
 
-// Map maps the n bytes at offset off (both multiples of PageSize, n > 0,
-// within the segment), every page of which must be unmapped: otherwise it
-// returns ErrAlreadyMapped (or ErrInvalidRange, ErrOutOfRange,
+// numPieces is the number of pieces [off, end) is cut into at the
+// multiples of PageSize.
+func (s *Segment) numPieces(off, end uint64) int {
+	span := end - (off - off%s.pageSize)
+	np := span / s.pageSize
+	if span%s.pageSize != 0 {
+		np++
+	}
+	return int(np)
+}
+
+// piece returns piece i of [off, end) cut at the multiples of PageSize, as
+// byte offsets [lo, hi).
+func (s *Segment) piece(off, end uint64, i int) (lo, hi uint64) {
+	page := off - off%s.pageSize + uint64(i)*s.pageSize
+	return max(off, page), min(end, page+s.pageSize)
+}
+
+// Map maps the n bytes at offset off (both multiples of Granule, n > 0,
+// within the segment), every granule of which must be unmapped: otherwise
+// it returns ErrAlreadyMapped (or ErrInvalidRange, ErrOutOfRange,
 // ErrReleased, ErrClassic) and does nothing.
 //
-// For each page it takes a handle from the cache, or creates one when the
-// cache is empty (all handles are obtained before any is mapped), maps it
-// and sets the segment's access on it. A failure at any step rolls the
-// whole call back (see the package documentation) and returns an error
-// wrapping the driver's; if the rollback itself fails, that error is
-// wrapped too and the segment's state says what stayed.
+// It cuts the range at the multiples of PageSize and maps one handle per
+// piece: a whole page gets a full-size handle, taken from the cache or
+// created when the cache is empty; a partial page at the head or tail gets
+// a handle of exactly its size, created fresh. All handles are obtained
+// before any is mapped; then each is mapped and given the segment's
+// access, in address order. A failure at any step rolls the whole call
+// back (see the package documentation) and returns an error wrapping the
+// driver's; if the rollback itself fails, that error is wrapped too and
+// the segment's state says what stayed.
 func (s *Segment) Map(off, n uint64) error {
-	first, count, err := s.pages("map", off, n)
+	first, count, err := s.granules("map", off, n)
 	if err != nil {
 		return err
 	}
-	for p := first; p < first+count; p++ {
-		if s.handles[p] != 0 {
-			return fmt.Errorf("segment: map [%#x, +%#x): %w: page %d at %#x",
-				off, n, ErrAlreadyMapped, p, s.va(p))
+	for g := first; g < first+count; g++ {
+		if s.span[g] != 0 {
+			return fmt.Errorf("segment: map [%#x, +%#x): %w: granule at offset %#x",
+				off, n, ErrAlreadyMapped, uint64(g)*s.gran)
 		}
 	}
-	if err := s.mapPages(first, count); err != nil {
+	if err := s.mapRange(off, off+n); err != nil {
 		return fmt.Errorf("segment: map [%#x, +%#x): %w", off, n, err)
 	}
 	return nil
 }
 
-// mapPages maps the unmapped pages [first, first+count), all or nothing.
-func (s *Segment) mapPages(first, count int) error {
-	if cap(s.scratch) < count {
-		s.scratch = make([]backend.Handle, count)
+// mapRange maps the unmapped, granule-aligned range [off, end), all or
+// nothing.
+func (s *Segment) mapRange(off, end uint64) error {
+	np := s.numPieces(off, end)
+	if cap(s.scratch) < np {
+		s.scratch = make([]backend.Handle, np)
 	}
-	hs := s.scratch[:count]
+	hs := s.scratch[:np]
 	defer clear(hs)
 
-	fromCache := 0
-	if s.cache != nil {
-		fromCache = s.cache.take(hs)
+	// Full-size pieces are [full0, full1): all but a partial head or tail.
+	full0, full1 := 0, np
+	if lo, hi := s.piece(off, end, 0); hi-lo != s.pageSize {
+		full0 = 1
 	}
-	for i := fromCache; i < count; i++ {
-		h, err := s.drv.CreatePhysical(s.pageSize, s.prop)
+	if lo, hi := s.piece(off, end, np-1); full1 > full0 && hi-lo != s.pageSize {
+		full1--
+	}
+	// hs[cache0:cache1] come from the cache.
+	cache0, cache1 := full0, full0
+	if s.cache != nil && full1 > full0 {
+		cache1 += s.cache.take(hs[full0:full1])
+	}
+	for i := range np {
+		if hs[i] != 0 {
+			continue
+		}
+		lo, hi := s.piece(off, end, i)
+		h, err := s.drv.CreatePhysical(hi-lo, s.prop)
 		if err != nil {
-			err = fmt.Errorf("create handle for page %d: %w", first+i, err)
-			return s.rollbackMap(first, 0, hs[:i], fromCache, err)
+			err = fmt.Errorf("create %d-byte handle for [%#x, %#x): %w", hi-lo, lo, hi, err)
+			return s.rollbackMap(off, end, 0, hs, cache0, cache1, err)
 		}
 		s.c.HandlesCreated++
 		hs[i] = h
 	}
-	for i := range count {
-		p := first + i
-		va := s.va(p)
-		if err := s.drv.Map(va, s.pageSize, hs[i]); err != nil {
-			err = fmt.Errorf("map page %d at %#x: %w", p, va, err)
-			return s.rollbackMap(first, i, hs, fromCache, err)
+	for i := range np {
+		lo, hi := s.piece(off, end, i)
+		va := s.va(lo)
+		if err := s.drv.Map(va, hi-lo, hs[i]); err != nil {
+			err = fmt.Errorf("map handle [%#x, %#x) at %#x: %w", lo, hi, va, err)
+			return s.rollbackMap(off, end, i, hs, cache0, cache1, err)
 		}
 		s.c.Maps++
-		s.handles[p] = hs[i]
-		s.mapped++
-		if err := s.drv.SetAccess(va, s.pageSize, s.access); err != nil {
-			err = fmt.Errorf("set access on page %d at %#x: %w", p, va, err)
-			return s.rollbackMap(first, i+1, hs, fromCache, err)
+		s.record(lo, hi, hs[i])
+		if err := s.drv.SetAccess(va, hi-lo, s.access); err != nil {
+			err = fmt.Errorf("set access on handle [%#x, %#x) at %#x: %w", lo, hi, va, err)
+			return s.rollbackMap(off, end, i+1, hs, cache0, cache1, err)
 		}
 	}
-	s.c.HandlesReused += int64(fromCache)
+	s.c.HandlesReused += int64(cache1 - cache0)
 	return nil
 }
 
-// rollbackMap undoes a failed mapPages: it unmaps pages [first,
-// first+nMapped) and gives back the handles in hs (hs[:fromCache] came from
-// the cache, the rest were created). It returns cause, with any rollback
-// failure added.
-func (s *Segment) rollbackMap(first, nMapped int, hs []backend.Handle, fromCache int, cause error) error {
+// rollbackMap undoes a failed mapRange(off, end): it unmaps its first
+// nMapped pieces and gives back the handles in hs (hs[cache0:cache1] came
+// from the cache, the others were created). It returns cause, with any
+// rollback failure added.
+func (s *Segment) rollbackMap(off, end uint64, nMapped int, hs []backend.Handle, cache0, cache1 int, cause error) error {
 	var rbErrs []error
 	for i := nMapped - 1; i >= 0; i-- {
-		p := first + i
-		if err := s.drv.Unmap(s.va(p), s.pageSize); err != nil {
-			// The page stays mapped and keeps its handle.
-			rbErrs = append(rbErrs, fmt.Errorf("unmap page %d at %#x: %w", p, s.va(p), err))
-			if i < fromCache {
+		lo, hi := s.piece(off, end, i)
+		if err := s.drv.Unmap(s.va(lo), hi-lo); err != nil {
+			// The handle stays mapped, and recorded as such.
+			rbErrs = append(rbErrs, fmt.Errorf("unmap handle [%#x, %#x) at %#x: %w", lo, hi, s.va(lo), err))
+			if i >= cache0 && i < cache1 {
 				s.c.HandlesReused++
 			}
 			hs[i] = 0
 			continue
 		}
 		s.c.Unmaps++
-		s.handles[p] = 0
-		s.mapped--
+		s.takeHandle(int(lo / s.gran))
 	}
-	for i := min(fromCache, len(hs)) - 1; i >= 0; i-- {
+	for i := cache1 - 1; i >= cache0; i-- {
 		if hs[i] != 0 {
 			s.cache.restore(hs[i])
 		}
 	}
-	for i := fromCache; i < len(hs); i++ {
-		if hs[i] != 0 {
-			if err := s.freeHandle(hs[i]); err != nil {
-				rbErrs = append(rbErrs, err)
-			}
+	for i, h := range hs {
+		if h == 0 || (i >= cache0 && i < cache1) {
+			continue
+		}
+		lo, hi := s.piece(off, end, i)
+		if err := s.freeHandle(h, hi-lo == s.pageSize); err != nil {
+			rbErrs = append(rbErrs, err)
 		}
 	}
 	if len(rbErrs) > 0 {
@@ -493,12 +690,36 @@ func (s *Segment) rollbackMap(first, nMapped int, hs []backend.Handle, fromCache
 	return cause
 }
 
-// freeHandle frees h; if that fails it keeps h (in the cache, beyond its
-// limit, or in the leftover list) and returns an error wrapping
-// ErrHandleNotFreed.
-func (s *Segment) freeHandle(h backend.Handle) error {
+// record marks the granules of [lo, hi) as mapped to handle h.
+func (s *Segment) record(lo, hi uint64, h backend.Handle) {
+	g, k := int(lo/s.gran), int((hi-lo)/s.gran)
+	s.span[g] = int32(k)
+	for d := 1; d < k; d++ {
+		s.span[g+d] = int32(-d)
+	}
+	s.hnd[g] = h
+	s.nHandles++
+	s.nGran += k
+}
+
+// takeHandle marks the handle whose first granule is g as unmapped and
+// returns it and its nbytes.
+func (s *Segment) takeHandle(g int) (backend.Handle, uint64) {
+	k := int(s.span[g])
+	h := s.hnd[g]
+	clear(s.span[g : g+k])
+	s.hnd[g] = 0
+	s.nHandles--
+	s.nGran -= k
+	return h, uint64(k) * s.gran
+}
+
+// freeHandle frees h; if that fails it keeps h (a full-size handle in the
+// cache, beyond its limit, when there is one; else in the leftover list)
+// and returns an error wrapping ErrHandleNotFreed.
+func (s *Segment) freeHandle(h backend.Handle, full bool) error {
 	if err := s.drv.FreePhysical(h); err != nil {
-		if s.cache != nil {
+		if full && s.cache != nil {
 			s.cache.restore(h)
 			return fmt.Errorf("%w: handle %#x kept in the handle cache: %w", ErrHandleNotFreed, uint64(h), err)
 		}
@@ -509,77 +730,88 @@ func (s *Segment) freeHandle(h backend.Handle) error {
 	return nil
 }
 
-// discard disposes of the handle of a page just unmapped: into the cache if
-// there is one (which frees it when full), else back to the driver.
-func (s *Segment) discard(h backend.Handle) error {
-	if s.cache != nil {
+// discard disposes of a handle of size nbytes just unmapped: a full-size
+// one into the cache if there is one (which frees it when full), any
+// other back to the driver.
+func (s *Segment) discard(h backend.Handle, size uint64) error {
+	full := size == s.pageSize
+	if full && s.cache != nil {
 		return s.cache.put(h)
 	}
-	return s.freeHandle(h)
+	return s.freeHandle(h, full)
 }
 
-// Unmap unmaps the n bytes at offset off (multiples of PageSize, n > 0,
-// within the segment), every page of which must be mapped: otherwise it
-// returns ErrNotMapped (or ErrInvalidRange, ErrOutOfRange, ErrReleased,
-// ErrClassic) and does nothing.
+// Unmap unmaps the n bytes at offset off (multiples of Granule, n > 0,
+// within the segment). off and off+n must be handle boundaries and every
+// granule in between mapped: otherwise it returns ErrInvalidRange (a
+// boundary falls inside a handle) or ErrNotMapped (or ErrOutOfRange,
+// ErrReleased, ErrClassic) and does nothing.
 //
 // It first synchronizes every stream in sync (the streams whose queued
 // work may still touch the range; duplicates are synchronized once); if one
-// fails it returns the error with nothing unmapped. Then, page by page in
-// address order, it unmaps the page and passes its handle to the cache (or
-// frees it when there is no cache or the cache is full).
+// fails it returns the error with nothing unmapped. Then, handle by handle
+// in address order, it unmaps the handle and passes it to the cache if it
+// is full-size (the cache frees it when full; without a cache it is freed)
+// or frees it if it is odd-size.
 //
-// done is the nbytes of the prefix [off, off+done) now unmapped. If the
-// driver's Unmap fails at a page, Unmap stops there: the rest stays mapped
-// and the error is returned. If only a FreePhysical fails, every page is
-// unmapped (done == n) and the error, wrapping ErrHandleNotFreed, says the
-// handle was kept for a retry.
+// done is the nbytes of the prefix [off, off+done) now unmapped, always a
+// handle boundary. If the driver's Unmap fails at a handle, Unmap stops
+// there: the rest stays mapped and the error is returned. If only a
+// FreePhysical fails, every handle is unmapped (done == n) and the error,
+// wrapping ErrHandleNotFreed, says the handle was kept for a retry.
 func (s *Segment) Unmap(off, n uint64, sync ...backend.Stream) (done uint64, err error) {
-	first, count, err := s.pages("unmap", off, n)
+	first, count, err := s.granules("unmap", off, n)
 	if err != nil {
 		return 0, err
 	}
-	for p := first; p < first+count; p++ {
-		if s.handles[p] == 0 {
-			return 0, fmt.Errorf("segment: unmap [%#x, +%#x): %w: page %d at %#x",
-				off, n, ErrNotMapped, p, s.va(p))
+	end := first + count
+	for g := first; g < end; {
+		sp := int(s.span[g])
+		switch {
+		case sp == 0:
+			return 0, fmt.Errorf("segment: unmap [%#x, +%#x): %w: granule at offset %#x",
+				off, n, ErrNotMapped, uint64(g)*s.gran)
+		case sp < 0:
+			st, size, _ := s.HandleRange(off)
+			return 0, fmt.Errorf("segment: unmap [%#x, +%#x): %w: start is inside the handle [%#x, +%#x)",
+				off, n, ErrInvalidRange, st, size)
 		}
+		if g+sp > end {
+			return 0, fmt.Errorf("segment: unmap [%#x, +%#x): %w: end is inside the handle [%#x, +%#x)",
+				off, n, ErrInvalidRange, uint64(g)*s.gran, uint64(sp)*s.gran)
+		}
+		g += sp
 	}
 	if err := s.syncStreams(sync); err != nil {
 		return 0, fmt.Errorf("segment: unmap [%#x, +%#x): %w", off, n, err)
 	}
 	var freeErr error
-	for i := range count {
-		p := first + i
-		if err := s.unmapPage(p); err != nil {
+	for g := first; g < end; {
+		if err := s.unmapHandle(g); err != nil {
 			err = fmt.Errorf("segment: unmap [%#x, +%#x): %w", off, n, err)
 			if freeErr != nil {
 				err = errors.Join(err, freeErr)
 			}
-			return uint64(i) * s.pageSize, err
+			return uint64(g-first) * s.gran, err
 		}
-		if err := s.discard(s.takeHandle(p)); err != nil && freeErr == nil {
-			freeErr = fmt.Errorf("segment: unmap [%#x, +%#x): page %d: %w", off, n, p, err)
+		h, size := s.takeHandle(g)
+		if err := s.discard(h, size); err != nil && freeErr == nil {
+			freeErr = fmt.Errorf("segment: unmap [%#x, +%#x): handle at offset %#x: %w", off, n, uint64(g)*s.gran, err)
 		}
+		g += int(size / s.gran)
 	}
 	return n, freeErr
 }
 
-// unmapPage calls the driver's Unmap on page p and counts it.
-func (s *Segment) unmapPage(p int) error {
-	if err := s.drv.Unmap(s.va(p), s.pageSize); err != nil {
-		return fmt.Errorf("unmap page %d at %#x: %w", p, s.va(p), err)
+// unmapHandle calls the driver's Unmap on the handle whose first granule
+// is g and counts it.
+func (s *Segment) unmapHandle(g int) error {
+	off, size := uint64(g)*s.gran, uint64(s.span[g])*s.gran
+	if err := s.drv.Unmap(s.va(off), size); err != nil {
+		return fmt.Errorf("unmap handle [%#x, +%#x) at %#x: %w", off, size, s.va(off), err)
 	}
 	s.c.Unmaps++
 	return nil
-}
-
-// takeHandle records page p as unmapped and returns its handle.
-func (s *Segment) takeHandle(p int) backend.Handle {
-	h := s.handles[p]
-	s.handles[p] = 0
-	s.mapped--
-	return h
 }
 
 // syncStreams synchronizes each distinct stream of sync, in order.
@@ -620,7 +852,7 @@ func (s *Segment) FreeLeftovers() error {
 	return first
 }
 
-// Release releases the segment's address range. Every page must be
+// Release releases the segment's address range. Every handle must be
 // unmapped (else ErrNotEmpty, nothing done). Leftover handles are freed
 // first; if that or ReleaseAddress fails the segment stays alive and the
 // error is returned, so Release can be retried. Afterwards the segment is
@@ -629,8 +861,8 @@ func (s *Segment) Release() error {
 	if s.released {
 		return fmt.Errorf("segment: release: %w", ErrReleased)
 	}
-	if s.mapped > 0 {
-		return fmt.Errorf("segment: release: %w: %d pages mapped", ErrNotEmpty, s.mapped)
+	if s.nHandles > 0 {
+		return fmt.Errorf("segment: release: %w: %d handles mapped", ErrNotEmpty, s.nHandles)
 	}
 	return s.release()
 }
@@ -648,45 +880,50 @@ func (s *Segment) release() error {
 
 func (s *Segment) markReleased() {
 	s.released = true
-	s.handles = nil
+	s.span = nil
+	s.hnd = nil
 	s.scratch = nil
-	s.mapped = 0
+	s.nHandles = 0
+	s.nGran = 0
 }
 
 // Destroy tears the segment down: it synchronizes the streams in sync
-// (when any page is mapped; a failure returns at once with nothing
+// (when any handle is mapped; a failure returns at once with nothing
 // unmapped, since queued work may still use the memory), unmaps every
-// mapped page, disposing of its handle as Unmap does, frees leftover
-// handles, and releases the address range. It carries on past a failed
-// page unmap or handle free, returns the first error, and releases the
-// address only if everything before succeeded, so the segment's state stays
-// truthful and Destroy can be retried. It is how a classic segment is
-// freed.
+// mapped handle, disposing of it as Unmap does, frees leftover handles, and
+// releases the address range. It carries on past a failed unmap or handle
+// free, returns the first error, and releases the address only if
+// everything before succeeded, so the segment's state stays truthful and
+// Destroy can be retried. It is how a classic segment is freed.
 func (s *Segment) Destroy(sync ...backend.Stream) error {
 	if s.released {
 		return fmt.Errorf("segment: destroy: %w", ErrReleased)
 	}
-	if s.mapped > 0 {
+	if s.nHandles > 0 {
 		if err := s.syncStreams(sync); err != nil {
 			return fmt.Errorf("segment: destroy: %w", err)
 		}
 	}
 	var first error
-	for p, h := range s.handles {
-		if h == 0 {
+	for g := 0; g < len(s.span); {
+		sp := int(s.span[g])
+		if sp <= 0 {
+			g++
 			continue
 		}
-		if err := s.unmapPage(p); err != nil {
+		if err := s.unmapHandle(g); err != nil {
 			if first == nil {
 				first = fmt.Errorf("segment: destroy: %w", err)
 			}
+			g += sp
 			continue
 		}
-		if err := s.discard(s.takeHandle(p)); err != nil && first == nil {
-			first = fmt.Errorf("segment: destroy: page %d: %w", p, err)
+		if err := s.discard(s.takeHandle(g)); err != nil && first == nil {
+			first = fmt.Errorf("segment: destroy: handle at offset %#x: %w", uint64(g)*s.gran, err)
 		}
+		g += sp
 	}
-	if s.mapped > 0 {
+	if s.nHandles > 0 {
 		return first
 	}
 	if err := s.release(); err != nil {
