@@ -398,6 +398,12 @@ func (a *Allocator) freeBlock(b *arena.Block) {
 	b.State = arena.Free
 	b.Requested = 0
 	b.Uses = b.Uses[:0]
+	a.coalesceInsert(p, fl, b)
+}
+
+// coalesceInsert merges free block b (out of any list) with the free
+// neighbours of its stream in fl and inserts the result into fl. mu held.
+func (a *Allocator) coalesceInsert(p *pool, fl *arena.FreeList, b *arena.Block) *arena.Block {
 	if prev := b.Prev; prev != nil && prev.State == arena.Free && prev.Stream == b.Stream && fl.Contains(prev) {
 		a.countInactive(p, prev, -1)
 		fl.Remove(prev)
@@ -411,6 +417,7 @@ func (a *Allocator) freeBlock(b *arena.Block) {
 	}
 	fl.Insert(b)
 	a.countInactive(p, b, +1)
+	return b
 }
 
 // RecordStream marks ptr as used by work on stream s: when ptr is freed, its
@@ -528,11 +535,12 @@ func (a *Allocator) Close() error {
 	for len(a.segs) > 0 {
 		sg := a.segs[len(a.segs)-1]
 		mapped := sg.s.MappedBytes()
-		if err := sg.s.Destroy(); err != nil {
-			errs = append(errs, err)
-			break
-		}
+		err := sg.s.Destroy()
 		a.dropSeg(sg, mapped)
+		if err != nil { // keep what is left for a later Close to retry
+			errs = append(errs, err)
+			a.zombies = append(a.zombies, sg.s)
+		}
 	}
 	if err := a.destroyZombies(); err != nil {
 		errs = append(errs, err)

@@ -250,8 +250,9 @@ type Range struct {
 }
 
 // Footprint lists what the allocator holds from the driver: its address
-// reservations, its mappings (one per page), and the number of physical
-// handles cached unmapped. Tests compare it with the backend's own view.
+// reservations, its mappings (one per physical handle), and the number of
+// physical handles it holds unmapped (cached, or kept after a failed free
+// for a retry). Tests compare it with the backend's own view.
 func (a *Allocator) Footprint() (reservations, mappings []Range, cachedHandles int) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
@@ -261,15 +262,20 @@ func (a *Allocator) Footprint() (reservations, mappings []Range, cachedHandles i
 			mappings = append(mappings, Range{sg.s.Base() + uintptr(h.Off), h.Len})
 		}
 	}
+	cachedHandles = a.pools[0].cache.Len() + a.pools[1].cache.Len()
+	for _, sg := range a.segs {
+		cachedHandles += sg.s.Leftovers()
+	}
 	for _, z := range a.zombies {
 		if !z.Released() {
 			reservations = append(reservations, Range{z.Base(), z.Size()})
 		}
-		if z.MappedBytes() > 0 {
-			mappings = append(mappings, Range{z.Base(), z.Size()})
+		for _, h := range z.Handles() {
+			mappings = append(mappings, Range{z.Base() + uintptr(h.Off), h.Len})
 		}
+		cachedHandles += z.Leftovers()
 	}
-	return reservations, mappings, a.pools[0].cache.Len() + a.pools[1].cache.Len()
+	return reservations, mappings, cachedHandles
 }
 
 // Snapshot describes every segment and block (torch.cuda.memory_snapshot).

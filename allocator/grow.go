@@ -92,7 +92,7 @@ func (a *Allocator) classicSegmentSize(rounded uint64) uint64 {
 	case rounded <= smallSize:
 		return a.cfg.SmallSegmentSize
 	case rounded < minLargeAlloc:
-		return a.cfg.LargeSegmentSize
+		return max(a.cfg.LargeSegmentSize, roundUp(rounded, roundLarge))
 	default:
 		return roundUp(rounded, roundLarge)
 	}
@@ -204,6 +204,7 @@ func (a *Allocator) growExpandable(ss *streamState, p *pool, rounded uint64) (*a
 	}
 	sg := u.Region.Owner.(*seg)
 	if err := sg.s.Map(uint64(u.Addr-sg.r.Base), mapLen); err != nil {
+		a.adoptStrayMappings(ss, p, sg, u)
 		a.maybeDropEmpty(sg)
 		return nil, err
 	}
@@ -250,6 +251,45 @@ func (a *Allocator) defragBeforeGrow(ss *streamState, p *pool, rounded uint64) {
 	total := uint64(a.st.ReservedBytes[0].Current)
 	target := total - min(excess, total)
 	_ = a.releaseStreamPool(ss, p.idx, target, true)
+}
+
+// adoptStrayMappings reconciles unmapped block u with its segment after a
+// failed Map whose rollback failed too: handles the segment still has mapped
+// inside u are unmapped again, and any that stay mapped become free blocks
+// of ss, so the allocator's view stays true and the memory stays usable.
+// mu held.
+func (a *Allocator) adoptStrayMappings(ss *streamState, p *pool, sg *seg, u *arena.Block) {
+	base := sg.r.Base
+	lo0, hi0 := uint64(u.Addr-base), uint64(u.End()-base)
+	var stray []segment.Run
+	for _, r := range sg.s.MappedRuns() {
+		if lo, hi := max(r.Off, lo0), min(r.Off+r.Len, hi0); lo < hi {
+			stray = append(stray, segment.Run{Off: lo, Len: hi - lo})
+		}
+	}
+	for i := len(stray) - 1; i >= 0; i-- { // from the top, so u stays the lowest piece
+		r := stray[i]
+		done, _ := sg.s.Unmap(r.Off, r.Len)
+		r.Off, r.Len = r.Off+done, r.Len-done
+		if r.Len == 0 {
+			continue
+		}
+		piece := u
+		if r.Off > lo0 {
+			piece = arena.Split(&a.bpool, u, r.Off-lo0)
+		} else {
+			p.unmapped.Delete(u)
+		}
+		if piece.Size > r.Len {
+			p.unmapped.ReplaceOrInsert(arena.Split(&a.bpool, piece, r.Len))
+		}
+		piece.State, piece.Stream = arena.Free, ss.stream
+		a.st.ReservedBytes.Add(p.kind, int64(r.Len))
+		a.coalesceInsert(p, ss.free[p.idx], piece)
+		if r.Off == lo0 {
+			return
+		}
+	}
 }
 
 // addSeg inserts sg into the address-ordered segment list. mu held.
@@ -303,13 +343,21 @@ func (a *Allocator) dropSeg(sg *seg, mapped uint64) {
 	sg.r.Head = nil
 }
 
-// destroyZombies retries the teardown of segments whose creation failed
-// and could not be rolled back at once. mu held.
+// destroyZombies retries the teardown of segments the allocator no longer
+// uses but that still hold driver state: a classic segment whose creation
+// could not be rolled back, or whose release failed after its memory was
+// unmapped (its reservation or a leftover handle). mu held.
 func (a *Allocator) destroyZombies() error {
 	var errs []error
 	kept := a.zombies[:0]
 	for _, z := range a.zombies {
-		if err := z.Destroy(); err != nil {
+		var err error
+		if z.Released() {
+			err = z.FreeLeftovers()
+		} else {
+			err = z.Destroy()
+		}
+		if err != nil {
 			errs = append(errs, err)
 			kept = append(kept, z)
 		}

@@ -124,7 +124,7 @@ func (a *Allocator) trimCaches() error {
 // releases every free segment and cached handle (empty_cache). mu held.
 func (a *Allocator) releaseAll() error {
 	err := a.synchronizeAndFreeEvents()
-	return errors.Join(err, a.releaseUntil(0), a.trimCaches(), a.destroyZombies())
+	return errors.Join(err, a.releaseUntil(0), a.trimCaches(), a.sweepSegments(), a.destroyZombies())
 }
 
 // releaseUntil releases free memory, stream by stream, until reserved bytes
@@ -209,12 +209,7 @@ func (a *Allocator) releaseBlock(ss *streamState, b *arena.Block, limit uint64) 
 	p := sg.pool
 	fl := ss.free[p.idx]
 	if !sg.expandable {
-		mapped := sg.s.MappedBytes()
-		if err := sg.s.Destroy(); err != nil {
-			return err
-		}
-		a.dropSeg(sg, mapped)
-		return nil
+		return a.destroyClassic(sg)
 	}
 	off := uint64(b.Addr - sg.r.Base)
 	lo, hi := sg.s.WholeHandles(off, b.Size, limit)
@@ -251,6 +246,40 @@ func (a *Allocator) releaseBlock(ss *streamState, b *arena.Block, limit uint64) 
 	p.unmapped.ReplaceOrInsert(piece)
 	a.maybeDropEmpty(sg)
 	return err
+}
+
+// destroyClassic tears down a classic segment whose one block is free. If
+// the teardown fails after the memory was unmapped, the segment is no
+// longer usable: it is dropped from the pools and kept as a zombie whose
+// remaining driver state later releases retry. mu held.
+func (a *Allocator) destroyClassic(sg *seg) error {
+	mapped := sg.s.MappedBytes()
+	err := sg.s.Destroy()
+	if err == nil {
+		a.dropSeg(sg, mapped)
+		return nil
+	}
+	if sg.s.MappedBytes() == 0 {
+		a.dropSeg(sg, mapped)
+		a.zombies = append(a.zombies, sg.s)
+	}
+	return err
+}
+
+// sweepSegments retries what earlier releases left undone: leftover
+// handles whose free failed, and empty expandable segments whose release
+// failed. mu held.
+func (a *Allocator) sweepSegments() error {
+	var errs []error
+	for _, sg := range append([]*seg(nil), a.segs...) {
+		if sg.s.Leftovers() > 0 {
+			if err := sg.s.FreeLeftovers(); err != nil {
+				errs = append(errs, err)
+			}
+		}
+		a.maybeDropEmpty(sg)
+	}
+	return errors.Join(errs...)
 }
 
 // EmptyCache waits for pending stream events, unmaps every free page,
