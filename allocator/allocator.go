@@ -252,8 +252,6 @@ func (a *Allocator) Malloc(size uint64, stream backend.Stream) (uintptr, error) 
 		if b, err = a.allocSlow(ss, p, rounded, size); err != nil {
 			return 0, err
 		}
-	} else {
-		ss.free[p.idx].Remove(b)
 	}
 	a.allocFound(ss, p, b, rounded, size)
 	return b.Addr, nil
@@ -300,13 +298,20 @@ func (a *Allocator) countInactive(p *pool, b *arena.Block, sign int64) {
 	}
 }
 
-// allocFound hands out b (out of any list) for a request. mu held.
+// allocFound hands out free block b (in its free list or out of any) for
+// a request, splitting off the rest. mu held.
 func (a *Allocator) allocFound(ss *streamState, p *pool, b *arena.Block, rounded, size uint64) {
 	a.countInactive(p, b, -1)
-	if a.shouldSplit(p, b, rounded) {
+	fl := ss.free[p.idx]
+	switch listed := fl.Contains(b); {
+	case a.shouldSplit(p, b, rounded) && listed:
+		a.countInactive(p, fl.SplitFront(&a.bpool, b, rounded), +1)
+	case a.shouldSplit(p, b, rounded):
 		rest := arena.Split(&a.bpool, b, rounded)
-		ss.free[p.idx].Insert(rest)
+		fl.Insert(rest)
 		a.countInactive(p, rest, +1)
+	case listed:
+		fl.Remove(b)
 	}
 	b.State = arena.Allocated
 	b.Requested = size
@@ -404,6 +409,14 @@ func (a *Allocator) freeBlock(b *arena.Block) {
 // coalesceInsert merges free block b (out of any list) with the free
 // neighbours of its stream in fl and inserts the result into fl. mu held.
 func (a *Allocator) coalesceInsert(p *pool, fl *arena.FreeList, b *arena.Block) *arena.Block {
+	prevFree := b.Prev != nil && b.Prev.State == arena.Free && b.Prev.Stream == b.Stream && fl.Contains(b.Prev)
+	if next := b.Next; !prevFree && next != nil && next.State == arena.Free && next.Stream == b.Stream && fl.Contains(next) {
+		// The common case, freeing the block just split off a free one.
+		a.countInactive(p, next, -1)
+		fl.MergeNext(&a.bpool, b)
+		a.countInactive(p, b, +1)
+		return b
+	}
 	if prev := b.Prev; prev != nil && prev.State == arena.Free && prev.Stream == b.Stream && fl.Contains(prev) {
 		a.countInactive(p, prev, -1)
 		fl.Remove(prev)

@@ -23,7 +23,8 @@ func isOOM(err error) bool {
 // allocSlow runs when no free block fits: it grows the pool, and on
 // out-of-memory climbs the ladder: release cached handles → wait for
 // pending events and release every free page and segment → retry → a
-// typed OutOfMemoryError. It returns a block out of any list. mu held.
+// typed OutOfMemoryError. It returns a free block, in its free list or
+// out of any. mu held.
 func (a *Allocator) allocSlow(ss *streamState, p *pool, rounded, size uint64) (*arena.Block, error) {
 	if thr := a.cfg.GarbageCollectionThreshold; thr > 0 && a.cfg.PerProcessMemoryFraction < 1 {
 		limit := uint64(thr * float64(a.allowed))
@@ -50,7 +51,6 @@ func (a *Allocator) allocSlow(ss *streamState, p *pool, rounded, size uint64) (*
 		return nil, rerr
 	}
 	if b = a.bestFit(ss, p, rounded); b != nil {
-		ss.free[p.idx].Remove(b)
 		return b, nil
 	}
 	if b, err = a.grow(ss, p, rounded); err == nil || !isOOM(err) {

@@ -160,6 +160,10 @@ func Split(pool *BlockPool, b *Block, n uint64) *Block {
 	if n == 0 || n >= b.Size {
 		panic("arena: Split offset out of range")
 	}
+	return split(pool, b, n)
+}
+
+func split(pool *BlockPool, b *Block, n uint64) *Block {
 	r := pool.Get()
 	r.Addr = b.Addr + uintptr(n)
 	r.Size = b.Size - n
@@ -183,6 +187,11 @@ func Merge(pool *BlockPool, b *Block) {
 	if n == nil || n.list != nil || b.list != nil {
 		panic("arena: bad Merge")
 	}
+	merge(pool, b)
+}
+
+func merge(pool *BlockPool, b *Block) {
+	n := b.Next
 	b.Size += n.Size
 	b.Next = n.Next
 	if n.Next != nil {

@@ -173,3 +173,70 @@ func (l *FreeList) Each(fn func(*Block) bool) {
 
 // Contains reports whether b is in l.
 func (l *FreeList) Contains(b *Block) bool { return b.list == l }
+
+// replaceSlot puts unlisted block r in listed block b's place in the class
+// list (same class, and ordering kept: the caller checked), and takes b
+// out of the list.
+func (l *FreeList) replaceSlot(b, r *Block) {
+	r.lprev, r.lnext, r.class, r.list = b.lprev, b.lnext, b.class, l
+	if b.lprev != nil {
+		b.lprev.lnext = r
+	} else {
+		l.heads[b.class] = r
+	}
+	if b.lnext != nil {
+		b.lnext.lprev = r
+	}
+	b.lprev, b.lnext, b.list = nil, nil, nil
+}
+
+// fitsSlot reports whether a block of the given size and address could
+// stand where b stands in its class list.
+func fitsSlot(b *Block, size uint64, addr uintptr) bool {
+	if int32(classOf(size)) != b.class {
+		return false
+	}
+	k := Block{Addr: addr, Size: size}
+	return (b.lprev == nil || less(b.lprev, &k)) && (b.lnext == nil || less(&k, b.lnext))
+}
+
+// SplitFront cuts listed block b at offset n (0 < n < b.Size): b leaves
+// the list holding the low n bytes, and the returned remainder, a new block
+// with b's state and stream, takes b's place in the list. It is Remove,
+// Split and Insert, but reuses b's list slot when the remainder stays in
+// b's class (the cache-hit Malloc path).
+func (l *FreeList) SplitFront(pool *BlockPool, b *Block, n uint64) *Block {
+	if b.list != l || n == 0 || n >= b.Size {
+		panic("arena: bad SplitFront")
+	}
+	if !fitsSlot(b, b.Size-n, b.Addr+uintptr(n)) {
+		l.Remove(b)
+		r := split(pool, b, n)
+		l.Insert(r)
+		return r
+	}
+	r := split(pool, b, n)
+	l.replaceSlot(b, r)
+	l.bytes -= n
+	return r
+}
+
+// MergeNext merges unlisted block b with b.Next, which is in l, and leaves
+// the merged block b in l. It is Remove, Merge and Insert, but b takes
+// b.Next's list slot when the merged size stays in its class (the cache-hit
+// Free path).
+func (l *FreeList) MergeNext(pool *BlockPool, b *Block) {
+	n := b.Next
+	if b.list != nil || n == nil || n.list != l {
+		panic("arena: bad MergeNext")
+	}
+	if !fitsSlot(n, b.Size+n.Size, b.Addr) {
+		l.Remove(n)
+		merge(pool, b)
+		l.Insert(b)
+		return
+	}
+	l.replaceSlot(n, b)
+	l.bytes += b.Size
+	merge(pool, b)
+}

@@ -162,3 +162,72 @@ func TestInsertRemovePanicsOnMisuse(t *testing.T) {
 	assert.Panics(t, func() { l.Insert(b) })
 	assert.Panics(t, func() { m.Remove(b) })
 }
+
+// TestSplitFrontMergeNext drives the in-place list operations over a
+// region against a brute-force view: after every step the list holds
+// exactly the blocks marked free, in (size, address) order, and BestFit
+// answers as a scan would.
+func TestSplitFrontMergeNext(t *testing.T) {
+	rng := rand.New(rand.NewPCG(5, 6))
+	var pool BlockPool
+	var l FreeList
+	r := NewRegion(&pool, 1<<30, 1<<30, Free, 1, nil)
+	l.Insert(r.Head)
+	inPlace := 0
+	for step := 0; step < 3000; step++ {
+		blocks := r.Blocks()
+		b := blocks[rng.IntN(len(blocks))]
+		switch {
+		case b.InList() && b.Size >= 1024:
+			n := uint64(rng.IntN(int(b.Size/512-1))+1) * 512
+			next := b.lnext
+			rest := l.SplitFront(&pool, b, n)
+			if rest.lnext == next && next != nil {
+				inPlace++
+			}
+			require.False(t, b.InList())
+			require.True(t, rest.InList())
+			require.Equal(t, b.End(), rest.Addr)
+		case !b.InList() && b.Next != nil && b.Next.InList() && (b.Prev == nil || !b.Prev.InList()):
+			l.MergeNext(&pool, b)
+			require.True(t, b.InList())
+		case !b.InList():
+			// Make b free the plain way (prev/next may be free: no merge,
+			// so the test also covers lists with adjacent free blocks).
+			l.Insert(b)
+		}
+		// Brute-force view.
+		var free []*Block
+		var sum uint64
+		for x := r.Head; x != nil; x = x.Next {
+			if x.InList() {
+				free = append(free, x)
+				sum += x.Size
+			}
+		}
+		require.Equal(t, len(free), l.Len())
+		require.Equal(t, sum, l.Bytes())
+		var last *Block
+		n := 0
+		l.Each(func(x *Block) bool {
+			if last != nil {
+				require.True(t, less(last, x))
+			}
+			last = x
+			n++
+			return true
+		})
+		require.Equal(t, len(free), n)
+		req := uint64(rng.IntN(1<<22) + 1)
+		sort.Slice(free, func(i, j int) bool { return less(free[i], free[j]) })
+		var want *Block
+		for _, x := range free {
+			if x.Size >= req {
+				want = x
+				break
+			}
+		}
+		require.Same(t, want, l.BestFit(req))
+	}
+	require.Positive(t, inPlace, "no split took the in-place path")
+}
