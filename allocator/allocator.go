@@ -41,9 +41,9 @@ type Allocator struct {
 	counters segment.Counters                // driver-call figures shared by segments; mu
 	scratch  []*arena.Block                  // reusable slice for release walks; mu
 
-	zombies        []*segment.Segment // failed creations still holding driver state; mu
-	scratchEvents  []pendingEvent     // reusable slice for insertEvents; mu
-	scratchStreams []backend.Stream   // reusable slice for insertEvents; mu
+	zombies        []*zombie        // dropped segments still holding driver state; mu
+	scratchEvents  []pendingEvent   // reusable slice for insertEvents; mu
+	scratchStreams []backend.Stream // reusable slice for insertEvents; mu
 }
 
 // streamState is the per-stream part of the allocator.
@@ -552,7 +552,7 @@ func (a *Allocator) Close() error {
 		a.dropSeg(sg, mapped)
 		if err != nil { // keep what is left for a later Close to retry
 			errs = append(errs, err)
-			a.zombies = append(a.zombies, sg.s)
+			a.addZombie(sg.s, sg.pool.kind)
 		}
 	}
 	if err := a.destroyZombies(); err != nil {

@@ -165,6 +165,12 @@ func (a *Allocator) check() error {
 			return corrupt("segment %#x: %d bytes outside unmapped blocks but %d mapped", r.Base, r.Size-unmappedBytes, sg.s.MappedBytes())
 		}
 	}
+	for _, z := range a.zombies {
+		if z.counted != z.s.MappedBytes() {
+			return corrupt("zombie segment %#x maps %d bytes, %d counted", z.s.Base(), z.s.MappedBytes(), z.counted)
+		}
+		want.ReservedBytes.Add(z.kind, int64(z.counted))
+	}
 	if nLive != a.live.Len() {
 		return corrupt("live map holds %d blocks, segments %d", a.live.Len(), nLive)
 	}
@@ -267,13 +273,13 @@ func (a *Allocator) Footprint() (reservations, mappings []Range, cachedHandles i
 		cachedHandles += sg.s.Leftovers()
 	}
 	for _, z := range a.zombies {
-		if !z.Released() {
-			reservations = append(reservations, Range{z.Base(), z.Size()})
+		if !z.s.Released() {
+			reservations = append(reservations, Range{z.s.Base(), z.s.Size()})
 		}
-		for _, h := range z.Handles() {
-			mappings = append(mappings, Range{z.Base() + uintptr(h.Off), h.Len})
+		for _, h := range z.s.Handles() {
+			mappings = append(mappings, Range{z.s.Base() + uintptr(h.Off), h.Len})
 		}
-		cachedHandles += z.Leftovers()
+		cachedHandles += z.s.Leftovers()
 	}
 	return reservations, mappings, cachedHandles
 }

@@ -8,6 +8,7 @@ import (
 	"github.com/vmmalloc/vmmalloc/arena"
 	"github.com/vmmalloc/vmmalloc/backend"
 	"github.com/vmmalloc/vmmalloc/segment"
+	"github.com/vmmalloc/vmmalloc/stats"
 )
 
 func bitsLen(x uint64) int { return bits.Len64(x) }
@@ -123,7 +124,7 @@ func (a *Allocator) growClassic(ss *streamState, p *pool, rounded uint64) (*aren
 	})
 	if err != nil {
 		if s != nil { // rollback incomplete: keep it to destroy later
-			a.zombies = append(a.zombies, s)
+			a.addZombie(s, p.kind)
 		}
 		return nil, err
 	}
@@ -343,6 +344,28 @@ func (a *Allocator) dropSeg(sg *seg, mapped uint64) {
 	sg.r.Head = nil
 }
 
+// zombie is a segment the allocator no longer uses that still holds
+// driver state. Memory it still maps counts as reserved.
+type zombie struct {
+	s       *segment.Segment
+	kind    stats.PoolKind
+	counted uint64 // bytes of it counted in reserved_bytes
+}
+
+// addZombie keeps s for a later teardown. mu held.
+func (a *Allocator) addZombie(s *segment.Segment, kind stats.PoolKind) {
+	z := &zombie{s: s, kind: kind}
+	a.recountZombie(z)
+	a.zombies = append(a.zombies, z)
+}
+
+// recountZombie brings reserved_bytes in line with what z still maps. mu held.
+func (a *Allocator) recountZombie(z *zombie) {
+	now := z.s.MappedBytes()
+	a.st.ReservedBytes.Add(z.kind, int64(now)-int64(z.counted))
+	z.counted = now
+}
+
 // destroyZombies retries the teardown of segments the allocator no longer
 // uses but that still hold driver state: a classic segment whose creation
 // could not be rolled back, or whose release failed after its memory was
@@ -352,11 +375,12 @@ func (a *Allocator) destroyZombies() error {
 	kept := a.zombies[:0]
 	for _, z := range a.zombies {
 		var err error
-		if z.Released() {
-			err = z.FreeLeftovers()
+		if z.s.Released() {
+			err = z.s.FreeLeftovers()
 		} else {
-			err = z.Destroy()
+			err = z.s.Destroy()
 		}
+		a.recountZombie(z)
 		if err != nil {
 			errs = append(errs, err)
 			kept = append(kept, z)

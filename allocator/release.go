@@ -261,7 +261,7 @@ func (a *Allocator) destroyClassic(sg *seg) error {
 	}
 	if sg.s.MappedBytes() == 0 {
 		a.dropSeg(sg, mapped)
-		a.zombies = append(a.zombies, sg.s)
+		a.addZombie(sg.s, sg.pool.kind)
 	}
 	return err
 }

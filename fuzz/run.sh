@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# Runs each fuzz target of package fuzz for a bounded time, one after
+# another (each on all cores), and fails on the first crasher, which Go
+# writes to fuzz/testdata/fuzz/<Target>/ as a new regression case.
+#
+#   fuzz/run.sh            # 10s per target (what CI runs)
+#   fuzz/run.sh 4h         # for hours
+#   fuzz/run.sh 30s FuzzRealMemory FuzzParseConfig   # chosen targets
+#
+# The duration is any -fuzztime value: a Go duration (10s, 2h) or an
+# iteration count (5000x).
+set -euo pipefail
+
+T="${1:-10s}"
+shift || true
+if [ "$#" -gt 0 ]; then
+	targets=("$@")
+else
+	targets=(FuzzAllocator FuzzAllocatorConfig FuzzRealMemory FuzzParseConfig)
+fi
+
+cd "$(dirname "$0")/.."
+for f in "${targets[@]}"; do
+	echo "== $f for $T"
+	# New inputs that widen coverage are minimised for at most 5s each,
+	# so that short runs spend their time fuzzing.
+	go test ./fuzz -run '^$' -fuzz "^${f}\$" -fuzztime "$T" -fuzzminimizetime 5s
+done
