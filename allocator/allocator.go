@@ -274,7 +274,9 @@ func (a *Allocator) bestFit(ss *streamState, p *pool, rounded uint64) *arena.Blo
 	return b
 }
 
-func (a *Allocator) isExpandable(b *arena.Block) bool { return b.Region.Expandable }
+// isExpandable reports whether b lies in an expandable segment. Every
+// segment of an allocator is of the kind its config chose.
+func (a *Allocator) isExpandable(*arena.Block) bool { return a.cfg.ExpandableSegments }
 
 func (a *Allocator) shouldSplit(p *pool, b *arena.Block, rounded uint64) bool {
 	rem := b.Size - rounded
@@ -292,7 +294,7 @@ func (a *Allocator) inactiveSplit(b *arena.Block) bool {
 }
 
 func (a *Allocator) countInactive(p *pool, b *arena.Block, sign int64) {
-	if a.inactiveSplit(b) {
+	if !a.cfg.ExpandableSegments && a.inactiveSplit(b) {
 		a.st.InactiveSplit.Add(p.kind, sign)
 		a.st.InactiveSplitBytes.Add(p.kind, sign*int64(b.Size))
 	}
