@@ -1,21 +1,31 @@
-package segment
+package segment_test
 
 import (
 	"fmt"
 
 	"github.com/vmmalloc/vmmalloc/backend"
+	"github.com/vmmalloc/vmmalloc/backend/emulated"
+	"github.com/vmmalloc/vmmalloc/segment"
 )
+
+func newDriver() backend.Driver {
+	drv, err := emulated.New()
+	if err != nil {
+		panic(err)
+	}
+	return drv
+}
 
 // An expandable segment grows by mapping ranges and shrinks by unmapping
 // whole handles; a handle cache keeps unmapped full-size handles for the
 // next growth.
 func Example() {
-	var drv backend.Driver = newFakeDriver() // any backend.Driver
+	drv := newDriver() // any backend.Driver
 	const MiB = 1 << 20
-	var c Counters
+	var c segment.Counters
 	prop := backend.DeviceProp(0)
-	cache := NewHandleCache(drv, 20*MiB, prop, 8, &c)
-	seg, err := New(drv, Config{
+	cache := segment.NewHandleCache(drv, 20*MiB, prop, 8, &c)
+	seg, err := segment.New(drv, segment.Config{
 		Prop: prop, Granule: 2 * MiB, PageSize: 20 * MiB, VASize: 200 * MiB,
 		Cache: cache, Counters: &c,
 	})
@@ -54,7 +64,7 @@ func Example() {
 // side to the fewest that free at least limit bytes.
 func ExampleSegment_WholeHandles() {
 	const MiB = 1 << 20
-	seg, err := New(newFakeDriver(), Config{Prop: backend.DeviceProp(0), PageSize: 8 * MiB, VASize: 64 * MiB})
+	seg, err := segment.New(newDriver(), segment.Config{Prop: backend.DeviceProp(0), PageSize: 8 * MiB, VASize: 64 * MiB})
 	if err != nil {
 		panic(err)
 	}
@@ -75,8 +85,8 @@ func ExampleSegment_WholeHandles() {
 
 // A classic segment is one handle mapped whole, like cudaMalloc.
 func ExampleNewClassic() {
-	var drv backend.Driver = newFakeDriver()
-	seg, err := NewClassic(drv, 0, 3<<20, backend.DeviceProp(0))
+	drv := newDriver()
+	seg, err := segment.NewClassic(drv, 0, 3<<20, backend.DeviceProp(0))
 	if err != nil {
 		panic(err)
 	}
