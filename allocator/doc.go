@@ -25,10 +25,10 @@
 // with the stream's free block just before it (and just after it), fits,
 // and maps only the granules needed (the driver's granularity, 2 MiB), so
 // the heap grows at the lowest address and freed pieces merge back. The
-// mapped range is cut at multiples of the page size: the aligned middle is
-// mapped with full-size handles (reused from a handle cache), the partial
-// head and tail with handles of exactly their size. Memory is unmapped a
-// whole handle at a time, so fitting handles to what was asked for leaves
+// mapped range is cut every page size from its start: full-size handles
+// (reused from a handle cache), then one handle of exactly the size of the
+// rest. Memory is unmapped a whole handle at a time, so handles that fit
+// what was asked for, starting where the growth's allocation starts, leave
 // less memory stranded in partly used handles than a fixed page grid.
 // Free coalesces with free neighbours of the same stream. A free block on another stream's list is never handed out:
 // stream-ordered reuse needs no synchronisation.

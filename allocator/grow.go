@@ -182,7 +182,7 @@ func (a *Allocator) growExpandable(ss *streamState, p *pool, rounded uint64) (*a
 			return nil, backend.Errorf(backend.OpMap, backend.ErrOutOfMemory, "", "per_process_memory_fraction cap %d bytes reached", a.allowed)
 		}
 		s, err := segment.New(a.drv, segment.Config{
-			Device: a.dev, Prop: backend.DeviceProp(a.dev), PageSize: p.pageSize,
+			Device: a.dev, Prop: backend.DeviceProp(a.dev), PageSize: p.pageSize, Cut: segment.CutFromStart,
 			VASize: max(p.vaSize, roundUp(mapLen, p.pageSize)), Cache: p.cache, Counters: &a.counters,
 		})
 		if err != nil {

@@ -30,6 +30,9 @@ func TestRandomFaults(t *testing.T) {
 		t.Run("seed="+itoa(int(seed)), func(t *testing.T) {
 			rng := rand.New(rand.NewPCG(seed, 42))
 			d, s, c := newSeg(t, page, npages, maxCache)
+			if seed%2 == 0 {
+				s.cut = CutFromStart
+			}
 			st, err := d.StreamCreate(0)
 			require.NoError(t, err)
 			var maps, unmaps, failed int

@@ -14,19 +14,22 @@
 //     Map and Unmap is a multiple of it, and the segment records the state
 //     of each granule;
 //   - the page (Config.PageSize, a multiple of the granule) is the largest
-//     handle: the segment's range is cut into pages at the multiples of
-//     PageSize (offsets from Base), and no handle crosses a page boundary;
-//   - a handle covers one or more granules of one page.
+//     handle;
+//   - a handle covers one or more granules, at most a page.
 //
-// Map(off, n) cuts [off, off+n) at the page boundaries and backs each piece
-// with one handle of exactly its size. Pieces that are whole pages get
+// Map(off, n) cuts [off, off+n) into pieces of at most a page and backs
+// each piece with one handle of exactly its size. By default
+// (CutAtPageGrid) it cuts at the multiples of PageSize (offsets from Base),
+// so no handle crosses a page boundary; with CutFromStart it cuts every
+// PageSize bytes from off, so only the tail piece is partial. Pieces that are whole pages get
 // full-size handles (PageSize bytes), taken from the HandleCache first and
 // created only when it is empty; a partial piece at the head or tail of
 // the range gets an odd-size handle, always created fresh. For example,
 // with 20 MiB pages and 2 MiB granules, Map(6 MiB, 50 MiB) maps the handles
 // [6, 20), [20, 40) and [40, 56) MiB: two odd ones of 14 and 16 MiB and one
-// full one of 20 MiB. So no memory is stranded in partly used pages, while
-// the aligned middle of a large range still uses full, reusable handles.
+// full one of 20 MiB; with CutFromStart it maps [6, 26), [26, 46) and
+// [46, 56). So no memory is stranded in partly used pages, while the bulk
+// of a large range still uses full, reusable handles.
 //
 // # State machine
 //
@@ -132,8 +135,11 @@ type Config struct {
 	// granularity for Prop; otherwise it must be a multiple of that.
 	Granule uint64
 	// PageSize is the nbytes of the largest (full-size) handle; a nonzero
-	// multiple of Granule. Handles never cross a multiple of PageSize.
+	// multiple of Granule. Under CutAtPageGrid, handles never cross a
+	// multiple of PageSize.
 	PageSize uint64
+	// Cut says where Map cuts a range into handles (CutAtPageGrid if zero).
+	Cut CutPolicy
 	// VASize is the nbytes of address space to reserve; a nonzero multiple
 	// of PageSize, at most MaxGranules granules.
 	VASize uint64
@@ -147,6 +153,23 @@ type Config struct {
 	// Counters, optional, receives the segment's driver-call figures.
 	Counters *Counters
 }
+
+// CutPolicy says where Map cuts the range it maps into handles.
+type CutPolicy uint8
+
+const (
+	// CutAtPageGrid cuts at the multiples of PageSize (offsets from Base):
+	// full-size handles sit on a fixed grid, with an odd-size handle for a
+	// partial page at the head and at the tail of the range.
+	CutAtPageGrid CutPolicy = iota
+	// CutFromStart cuts every PageSize bytes from the start of the range:
+	// full-size handles from the start, one odd-size handle for the rest.
+	// A range maps with at most one handle more than a whole number of
+	// pages needs, and handle boundaries follow the start of the
+	// allocation that caused the growth, so freeing that allocation frees
+	// whole handles.
+	CutFromStart
+)
 
 // Run is a range of a segment, as byte offsets from Base.
 type Run struct {
@@ -166,6 +189,7 @@ type Segment struct {
 	size     uint64               // nbytes reserved
 	gran     uint64               // nbytes per granule
 	pageSize uint64               // nbytes of a full-size handle; a multiple of gran
+	cut      CutPolicy            // where Map cuts ranges into handles
 	classic  bool                 // one whole-size handle mapped at creation
 
 	// span has one entry per granule (nil once released): 0 if the granule
@@ -343,6 +367,7 @@ func newSegment(drv backend.Driver, cfg Config, base uintptr, size, gran, pageSi
 		size:     size,
 		gran:     gran,
 		pageSize: pageSize,
+		cut:      cfg.Cut,
 		span:     make([]int32, n),
 		hnd:      make([]backend.Handle, n),
 		c:        cfg.Counters,
@@ -547,9 +572,12 @@ func (s *Segment) granules(what string, off, n uint64) (first, count int, err er
 	return int(off / s.gran), int(n / s.gran), nil
 }
 
-// numPieces is the number of pieces [off, end) is cut into at the
-// multiples of PageSize.
+// numPieces is the number of pieces [off, end) is cut into by the cut
+// policy.
 func (s *Segment) numPieces(off, end uint64) int {
+	if s.cut == CutFromStart {
+		return int((end - off + s.pageSize - 1) / s.pageSize)
+	}
 	span := end - (off - off%s.pageSize)
 	np := span / s.pageSize
 	if span%s.pageSize != 0 {
@@ -558,9 +586,13 @@ func (s *Segment) numPieces(off, end uint64) int {
 	return int(np)
 }
 
-// piece returns piece i of [off, end) cut at the multiples of PageSize, as
-// byte offsets [lo, hi).
+// piece returns piece i of [off, end) cut by the cut policy, as byte
+// offsets [lo, hi).
 func (s *Segment) piece(off, end uint64, i int) (lo, hi uint64) {
+	if s.cut == CutFromStart {
+		lo = off + uint64(i)*s.pageSize
+		return lo, min(end, lo+s.pageSize)
+	}
 	page := off - off%s.pageSize + uint64(i)*s.pageSize
 	return max(off, page), min(end, page+s.pageSize)
 }
@@ -570,8 +602,8 @@ func (s *Segment) piece(off, end uint64, i int) (lo, hi uint64) {
 // it returns ErrAlreadyMapped (or ErrInvalidRange, ErrOutOfRange,
 // ErrReleased, ErrClassic) and does nothing.
 //
-// It cuts the range at the multiples of PageSize and maps one handle per
-// piece: a whole page gets a full-size handle, taken from the cache or
+// It cuts the range into pieces by the cut policy (Config.Cut) and maps one
+// handle per piece: a whole page gets a full-size handle, taken from the cache or
 // created when the cache is empty; a partial page at the head or tail gets
 // a handle of exactly its size, created fresh. All handles are obtained
 // before any is mapped; then each is mapped and given the segment's

@@ -102,7 +102,9 @@ func checkConsistent(t *testing.T, d *fakeDriver, s *Segment) {
 		}
 		r := s.run(i, i+sp)
 		require.LessOrEqual(t, r.Len, s.pageSize, "handle larger than a page")
-		require.Equal(t, r.Off/s.pageSize, (r.Off+r.Len-1)/s.pageSize, "handle %v crosses a page boundary", r)
+		if s.cut == CutAtPageGrid {
+			require.Equal(t, r.Off/s.pageSize, (r.Off+r.Len-1)/s.pageSize, "handle %v crosses a page boundary", r)
+		}
 		handles = append(handles, r)
 		total += r.Len
 		i += sp
@@ -384,23 +386,45 @@ func TestMapCutsAtPageBoundaries(t *testing.T) {
 	const page = 20 * mib
 	tests := []struct {
 		name    string
+		cut     CutPolicy
 		off, n  uint64      // MiB
 		handles [][2]uint64 // [lo, hi) in MiB
 	}{
-		{"head, page, tail", 6, 50, [][2]uint64{{6, 20}, {20, 40}, {40, 56}}},
-		{"aligned pages", 0, 40, [][2]uint64{{0, 20}, {20, 40}}},
-		{"inside one page", 4, 10, [][2]uint64{{4, 14}}},
-		{"one granule", 20, 2, [][2]uint64{{20, 22}}},
-		{"one granule at the end", 98, 2, [][2]uint64{{98, 100}}},
-		{"straddles a page boundary", 18, 4, [][2]uint64{{18, 20}, {20, 22}}},
-		{"aligned start, odd tail", 20, 30, [][2]uint64{{20, 40}, {40, 50}}},
-		{"odd head, aligned end", 10, 30, [][2]uint64{{10, 20}, {20, 40}}},
-		{"odd head and tail, three pages", 2, 96, [][2]uint64{{2, 20}, {20, 40}, {40, 60}, {60, 80}, {80, 98}}},
-		{"whole segment", 0, 100, [][2]uint64{{0, 20}, {20, 40}, {40, 60}, {60, 80}, {80, 100}}},
+		{"head, page, tail", CutAtPageGrid, 6, 50, [][2]uint64{{6, 20}, {20, 40}, {40, 56}}},
+		{"aligned pages", CutAtPageGrid, 0, 40, [][2]uint64{{0, 20}, {20, 40}}},
+		{"inside one page", CutAtPageGrid, 4, 10, [][2]uint64{{4, 14}}},
+		{"one granule", CutAtPageGrid, 20, 2, [][2]uint64{{20, 22}}},
+		{"one granule at the end", CutAtPageGrid, 98, 2, [][2]uint64{{98, 100}}},
+		{"straddles a page boundary", CutAtPageGrid, 18, 4, [][2]uint64{{18, 20}, {20, 22}}},
+		{"aligned start, odd tail", CutAtPageGrid, 20, 30, [][2]uint64{{20, 40}, {40, 50}}},
+		{"odd head, aligned end", CutAtPageGrid, 10, 30, [][2]uint64{{10, 20}, {20, 40}}},
+		{"odd head and tail, three pages", CutAtPageGrid, 2, 96, [][2]uint64{{2, 20}, {20, 40}, {40, 60}, {60, 80}, {80, 98}}},
+		{"whole segment", CutAtPageGrid, 0, 100, [][2]uint64{{0, 20}, {20, 40}, {40, 60}, {60, 80}, {80, 100}}},
+	}
+	// CutFromStart: full handles from the start of the range, one odd tail.
+	fromStart := []struct {
+		name    string
+		off, n  uint64
+		handles [][2]uint64
+	}{
+		{"from start: pages, tail", 6, 50, [][2]uint64{{6, 26}, {26, 46}, {46, 56}}},
+		{"from start: aligned pages", 0, 40, [][2]uint64{{0, 20}, {20, 40}}},
+		{"from start: inside one page", 4, 10, [][2]uint64{{4, 14}}},
+		{"from start: straddles the grid", 18, 4, [][2]uint64{{18, 22}}},
+		{"from start: odd tail", 2, 96, [][2]uint64{{2, 22}, {22, 42}, {42, 62}, {62, 82}, {82, 98}}},
+	}
+	for _, f := range fromStart {
+		tests = append(tests, struct {
+			name    string
+			cut     CutPolicy
+			off, n  uint64
+			handles [][2]uint64
+		}{f.name, CutFromStart, f.off, f.n, f.handles})
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			d, s, c := newSeg(t, page, 5, 4)
+			s.cut = tt.cut
 			require.NoError(t, s.Map(0, 2*page))
 			cachedBefore := []backend.Handle{handleAt(s, 0), handleAt(s, page)}
 			_, err := s.Unmap(0, 2*page)
