@@ -117,7 +117,10 @@ func ParseConfig(s string) (Config, error) {
 			return Config{}, err
 		}
 	}
-	return c, c.Validate()
+	if err := c.Validate(); err != nil {
+		return Config{}, err
+	}
+	return c, nil
 }
 
 // splitTop splits at commas outside brackets.
