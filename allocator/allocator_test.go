@@ -53,11 +53,11 @@ func mustCheck(t testing.TB, a *Allocator, e *emulated.Emulator) {
 	// The same ranges, one by one (both lists ascend by address).
 	sort.Slice(res, func(i, j int) bool { return res[i].Addr < res[j].Addr })
 	for i, r := range e.Reservations() {
-		require.Equal(t, Range{r.VA, r.Size}, res[i], "reservation %d", i)
+		require.Equal(t, Range{Addr: r.VA, Size: r.Size}, res[i], "reservation %d", i)
 	}
 	sort.Slice(maps, func(i, j int) bool { return maps[i].Addr < maps[j].Addr })
 	for i, m := range e.Mappings() {
-		require.Equal(t, Range{m.VA, m.Size}, maps[i], "mapping %d", i)
+		require.Equal(t, Range{Addr: m.VA, Size: m.Size}, maps[i], "mapping %d", i)
 		require.NotEmpty(t, m.Access, "mapping %d has no access set", i)
 	}
 	assert.Empty(t, e.Violations())
@@ -633,4 +633,37 @@ func TestErrorsAreDistinct(t *testing.T) {
 			assert.Equal(t, i == j, errors.Is(x, y))
 		}
 	}
+}
+
+func TestCheckComparesWithDriver(t *testing.T) {
+	e := newEmu(t)
+	a, err := New(e, DefaultConfig())
+	require.NoError(t, err)
+	_, err = a.Malloc(30<<20, 0)
+	require.NoError(t, err)
+	require.NoError(t, a.Check())
+
+	// Memory of this device mapped behind the allocator's back.
+	va, err := e.ReserveAddress(2 << 20)
+	require.NoError(t, err)
+	h, err := e.CreatePhysical(2<<20, backend.DeviceProp(0))
+	require.NoError(t, err)
+	require.NoError(t, e.Map(va, 2<<20, h))
+	err = a.Check()
+	assert.ErrorIs(t, err, ErrCorrupt)
+	assert.Contains(t, err.Error(), "allocator maps 2 handles, driver 3")
+	require.NoError(t, e.Unmap(va, 2<<20))
+	err = a.Check()
+	assert.ErrorIs(t, err, ErrCorrupt)
+	assert.Contains(t, err.Error(), "driver holds 3 handles")
+	require.NoError(t, e.FreePhysical(h))
+	require.NoError(t, a.Check(), "an unrelated empty reservation is not ours to judge")
+	require.NoError(t, e.ReleaseAddress(va, 2<<20))
+
+	// One of the allocator's own mappings removed behind its back.
+	_, maps, _ := a.Footprint()
+	require.NoError(t, e.Unmap(maps[0].Addr, maps[0].Size))
+	err = a.Check()
+	assert.ErrorIs(t, err, ErrCorrupt)
+	assert.Contains(t, err.Error(), "allocator maps 2 handles, driver 1")
 }

@@ -3,8 +3,10 @@ package allocator
 import (
 	"errors"
 	"fmt"
+	"sort"
 
 	"github.com/vmmalloc/vmmalloc/arena"
+	"github.com/vmmalloc/vmmalloc/backend"
 	"github.com/vmmalloc/vmmalloc/segment"
 	"github.com/vmmalloc/vmmalloc/stats"
 )
@@ -22,13 +24,22 @@ var ErrCorrupt = errors.New("vmmalloc: invariant violated")
 //   - the free lists hold exactly the free blocks, the unmapped sets exactly
 //     the unmapped blocks, the live map exactly the allocated blocks;
 //   - pending events match the pending-free blocks;
-//   - the statistics equal a recount.
+//   - the statistics equal a recount;
+//   - when the driver can list its state (backend.Introspector, as the
+//     emulated driver can), its reservations, this device's mappings and
+//     handles equal the allocator's own view.
 //
 // It walks everything: use it in tests, not on a hot path.
 func (a *Allocator) Check() error {
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	return a.check()
+	if err := a.check(); err != nil {
+		return err
+	}
+	if in, ok := a.drv.(backend.Introspector); ok {
+		return a.checkDriver(in)
+	}
+	return nil
 }
 
 func corrupt(format string, args ...any) error {
@@ -250,10 +261,7 @@ func compareStats(want, got *stats.DeviceStats) error {
 }
 
 // Range is a span of device address space.
-type Range struct {
-	Addr uintptr
-	Size uint64 // nbytes
-}
+type Range = backend.Range
 
 // Footprint lists what the allocator holds from the driver: its address
 // reservations, its mappings (one per physical handle), and the number of
@@ -262,10 +270,15 @@ type Range struct {
 func (a *Allocator) Footprint() (reservations, mappings []Range, cachedHandles int) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
+	return a.footprint()
+}
+
+// footprint is Footprint with mu held; both lists ascend by address.
+func (a *Allocator) footprint() (reservations, mappings []Range, cachedHandles int) {
 	for _, sg := range a.segs {
-		reservations = append(reservations, Range{sg.s.Base(), sg.s.Size()})
+		reservations = append(reservations, Range{Addr: sg.s.Base(), Size: sg.s.Size()})
 		for _, h := range sg.s.Handles() {
-			mappings = append(mappings, Range{sg.s.Base() + uintptr(h.Off), h.Len})
+			mappings = append(mappings, Range{Addr: sg.s.Base() + uintptr(h.Off), Size: h.Len})
 		}
 	}
 	cachedHandles = a.pools[0].cache.Len() + a.pools[1].cache.Len()
@@ -274,14 +287,58 @@ func (a *Allocator) Footprint() (reservations, mappings []Range, cachedHandles i
 	}
 	for _, z := range a.zombies {
 		if !z.s.Released() {
-			reservations = append(reservations, Range{z.s.Base(), z.s.Size()})
+			reservations = append(reservations, Range{Addr: z.s.Base(), Size: z.s.Size()})
 		}
 		for _, h := range z.s.Handles() {
-			mappings = append(mappings, Range{z.s.Base() + uintptr(h.Off), h.Len})
+			mappings = append(mappings, Range{Addr: z.s.Base() + uintptr(h.Off), Size: h.Len})
 		}
 		cachedHandles += z.s.Leftovers()
 	}
+	sort.Slice(reservations, func(i, j int) bool { return reservations[i].Addr < reservations[j].Addr })
+	sort.Slice(mappings, func(i, j int) bool { return mappings[i].Addr < mappings[j].Addr })
 	return reservations, mappings, cachedHandles
+}
+
+// checkDriver compares the allocator's footprint with what a driver that
+// can list its state holds for this device. mu held.
+func (a *Allocator) checkDriver(in backend.Introspector) error {
+	res, maps, cached := a.footprint()
+	dres, dmaps, dhandles := in.LiveRanges(a.dev)
+	if len(maps) != len(dmaps) {
+		return corrupt("allocator maps %d handles, driver %d", len(maps), len(dmaps))
+	}
+	for i := range maps {
+		if maps[i] != dmaps[i] {
+			return corrupt("mapping %d: allocator %#x+%d, driver %#x+%d", i, maps[i].Addr, maps[i].Size, dmaps[i].Addr, dmaps[i].Size)
+		}
+	}
+	if dhandles != len(maps)+cached {
+		return corrupt("driver holds %d handles of device %d, allocator %d mapped + %d unmapped", dhandles, a.dev, len(maps), cached)
+	}
+	held := make(map[Range]bool, len(dres))
+	for _, r := range dres {
+		held[r] = true
+	}
+	for _, r := range res {
+		if !held[r] {
+			return corrupt("reservation %#x+%d unknown to the driver", r.Addr, r.Size)
+		}
+	}
+	// Every driver reservation holding this device's mappings is ours.
+	ours := make(map[Range]bool, len(res))
+	for _, r := range res {
+		ours[r] = true
+	}
+	j := 0
+	for _, r := range dres {
+		for j < len(dmaps) && dmaps[j].Addr < r.Addr {
+			j++
+		}
+		if j < len(dmaps) && dmaps[j].Addr < r.Addr+uintptr(r.Size) && !ours[r] {
+			return corrupt("driver reservation %#x+%d maps device %d memory the allocator does not know", r.Addr, r.Size, a.dev)
+		}
+	}
+	return nil
 }
 
 // Snapshot describes every segment and block (torch.cuda.memory_snapshot).

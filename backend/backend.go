@@ -256,6 +256,22 @@ type HostMemory interface {
 	HostUnregister(p uintptr) error
 }
 
+// Range is a span of device address space.
+type Range struct {
+	Addr uintptr
+	Size uint64 // nbytes
+}
+
+// Introspector is the optional capability of listing what the driver holds
+// for the calling process, so that an allocator's invariant checker can
+// compare its own view with the driver's.
+type Introspector interface {
+	// LiveRanges returns, in ascending address order, every address
+	// reservation and the mappings of device dev, and the number of live
+	// physical handles on device dev.
+	LiveRanges(dev int) (reservations, mappings []Range, handles int)
+}
+
 // HostRegisterFlags are the flags of HostRegister (aclrtHostRegisterType).
 type HostRegisterFlags uint32
 

@@ -131,6 +131,26 @@ func (e *Emulator) Mappings() []Mapping {
 	return out
 }
 
+// LiveRanges implements backend.Introspector: this process's reservations,
+// its mappings of handles on device dev, and its number of handles on dev,
+// freed-pending ones included.
+func (e *Emulator) LiveRanges(dev int) (reservations, mappings []backend.Range, handles int) {
+	for _, r := range e.Reservations() {
+		reservations = append(reservations, backend.Range{Addr: r.VA, Size: r.Size})
+	}
+	for _, m := range e.Mappings() {
+		if m.Location.Type == backend.LocationDevice && m.Location.ID == dev {
+			mappings = append(mappings, backend.Range{Addr: m.VA, Size: m.Size})
+		}
+	}
+	for _, h := range e.Handles() {
+		if h.Prop.Location.Type == backend.LocationDevice && h.Prop.Location.ID == dev {
+			handles++
+		}
+	}
+	return reservations, mappings, handles
+}
+
 // Reservations returns this process's reservations in address order.
 func (e *Emulator) Reservations() []Reservation {
 	e.w.mu.Lock()
