@@ -305,10 +305,10 @@ func (a *Allocator) countInactive(p *pool, b *arena.Block, sign int64) {
 func (a *Allocator) allocFound(ss *streamState, p *pool, b *arena.Block, rounded, size uint64) {
 	a.countInactive(p, b, -1)
 	fl := ss.free[p.idx]
-	switch listed := fl.Contains(b); {
-	case a.shouldSplit(p, b, rounded) && listed:
+	switch split, listed := a.shouldSplit(p, b, rounded), fl.Contains(b); {
+	case split && listed:
 		a.countInactive(p, fl.SplitFront(&a.bpool, b, rounded), +1)
-	case a.shouldSplit(p, b, rounded):
+	case split:
 		rest := arena.Split(&a.bpool, b, rounded)
 		fl.Insert(rest)
 		a.countInactive(p, rest, +1)
