@@ -261,7 +261,7 @@ func (a *Allocator) Malloc(size uint64, stream backend.Stream) (uintptr, error) 
 // its free list, or nil. mu held.
 func (a *Allocator) bestFit(ss *streamState, p *pool, rounded uint64) *arena.Block {
 	b := ss.free[p.idx].BestFit(rounded)
-	if b == nil || a.cfg.MaxSplitSize == 0 || a.isExpandable(b) {
+	if b == nil || a.cfg.MaxSplitSize == 0 || a.cfg.ExpandableSegments {
 		return b
 	}
 	// Classic oversize blocks (PyTorch's max_split_size rules).
@@ -274,13 +274,9 @@ func (a *Allocator) bestFit(ss *streamState, p *pool, rounded uint64) *arena.Blo
 	return b
 }
 
-// isExpandable reports whether b lies in an expandable segment. Every
-// segment of an allocator is of the kind its config chose.
-func (a *Allocator) isExpandable(*arena.Block) bool { return a.cfg.ExpandableSegments }
-
 func (a *Allocator) shouldSplit(p *pool, b *arena.Block, rounded uint64) bool {
 	rem := b.Size - rounded
-	if p.idx == smallIdx || a.isExpandable(b) {
+	if p.idx == smallIdx || a.cfg.ExpandableSegments {
 		return rem >= minBlockSize
 	}
 	return (a.cfg.MaxSplitSize == 0 || rounded < a.cfg.MaxSplitSize) && rem > smallSize
@@ -290,7 +286,7 @@ func (a *Allocator) shouldSplit(p *pool, b *arena.Block, rounded uint64) bool {
 // split off a larger classic segment (expandable free pages can always be
 // released, so PyTorch leaves them out).
 func (a *Allocator) inactiveSplit(b *arena.Block) bool {
-	return b.State == arena.Free && b.IsSplit() && !a.isExpandable(b)
+	return b.State == arena.Free && b.IsSplit() && !a.cfg.ExpandableSegments
 }
 
 func (a *Allocator) countInactive(p *pool, b *arena.Block, sign int64) {

@@ -193,7 +193,7 @@ func (a *Allocator) growExpandable(ss *streamState, p *pool, rounded uint64) (*a
 		}
 		sg := &seg{s: s, pool: p, expandable: true}
 		sg.r = arena.NewRegion(&a.bpool, s.Base(), s.Size(), arena.Unmapped, 0, sg)
-		sg.r.Pool, sg.r.Expandable = uint8(p.idx), true
+		sg.r.Pool = uint8(p.idx)
 		a.addSeg(sg)
 		p.nexp++
 		p.unmapped.ReplaceOrInsert(sg.r.Head)

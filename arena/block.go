@@ -80,7 +80,6 @@ type Block struct {
 	State     State
 	Events    int32            // pending events before a PendingFree block may be freed
 	Uses      []backend.Stream // other streams recorded on an allocated block (RecordStream)
-	GCAge     uint64           // free-list clock value when the block was last freed
 
 	Prev, Next *Block  // address-ordered neighbours in Region; nil at the ends
 	Region     *Region // the region the block tiles
@@ -107,10 +106,9 @@ type Region struct {
 	Head  *Block  // lowest block
 	Owner any     // the allocator's segment record
 
-	// Pool and Expandable are the owner's facts about the region, kept here
-	// so the hot path reads them without a type assertion on Owner.
-	Pool       uint8 // index of the owner's pool
-	Expandable bool  // pages may be unmapped and mapped independently
+	// Pool is the index of the owner's pool, kept here so the hot path
+	// reads it without a type assertion on Owner.
+	Pool uint8
 }
 
 // End is the address one past the region.
