@@ -283,7 +283,7 @@ func (a *Allocator) shouldSplit(p *pool, b *arena.Block, rounded uint64) bool {
 }
 
 // inactiveSplit reports whether b counts in inactive_split: a free block
-// split off a larger classic segment (expandable free pages can always be
+// split off a larger classic segment (expandable free handles can always be
 // released, so PyTorch leaves them out).
 func (a *Allocator) inactiveSplit(b *arena.Block) bool {
 	return b.State == arena.Free && b.IsSplit() && !a.cfg.ExpandableSegments

@@ -18,8 +18,8 @@ var ErrCorrupt = errors.New("vmmalloc: invariant violated")
 // violation found, wrapping ErrCorrupt:
 //   - blocks tile every segment without gap or overlap, with consistent links;
 //   - free neighbours of one stream are coalesced, as are unmapped ones;
-//   - every block that is not unmapped lies in mapped pages, every unmapped
-//     block is page-aligned and lies in unmapped pages, and a mapped page
+//   - the blocks that are not unmapped cover exactly the segment's mapped
+//     runs, unmapped blocks are granule-aligned, and a physical handle
 //     holds blocks of one stream only;
 //   - the free lists hold exactly the free blocks, the unmapped sets exactly
 //     the unmapped blocks, the live map exactly the allocated blocks;

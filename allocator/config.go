@@ -34,7 +34,7 @@ type Config struct {
 	ExpandableSegments bool
 	// MaxSplitSize: classic free blocks of at least this many bytes are never
 	// split. 0 means unlimited. Expandable segments ignore it: their free
-	// pages are unmapped instead (see package doc). Key: max_split_size_mb.
+	// handles are unmapped instead (see package doc). Key: max_split_size_mb.
 	MaxSplitSize uint64
 	// MaxNonSplitRounding is how much larger than a request an oversize
 	// block may be and still be handed out. Key: max_non_split_rounding_mb.
@@ -67,7 +67,7 @@ type Config struct {
 	HandleCacheSize uint64
 	// DefragThreshold, for expandable segments: when growth would make a
 	// pool's mapped bytes exceed (1+DefragThreshold) × its allocated bytes
-	// plus one page, the requesting stream's free pages stranded in holes
+	// plus one page, the requesting stream's free handles stranded in holes
 	// are unmapped first (after synchronising that stream) and their
 	// physical handles remapped where the heap grows. Negative disables it (PyTorch's behaviour:
 	// never synchronise on growth). Key: defrag_threshold, a number ≥ 0 or

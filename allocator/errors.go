@@ -27,7 +27,7 @@ var (
 type OutOfMemoryError struct {
 	Device      int
 	Requested   uint64 // nbytes asked for
-	Tried       uint64 // nbytes the allocator tried to map (page-rounded)
+	Tried       uint64 // nbytes the allocator tried to map (granule-rounded)
 	Total       uint64 // device capacity
 	Free        uint64 // device free memory after the ladder
 	Allowed     uint64 // cap from per_process_memory_fraction; 0 = none

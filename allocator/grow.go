@@ -23,7 +23,7 @@ func isOOM(err error) bool {
 
 // allocSlow runs when no free block fits: it grows the pool, and on
 // out-of-memory climbs the ladder: release cached handles → wait for
-// pending events and release every free page and segment → retry → a
+// pending events and release every free handle and segment → retry → a
 // typed OutOfMemoryError. It returns a free block, in its free list or
 // out of any. mu held.
 func (a *Allocator) allocSlow(ss *streamState, p *pool, rounded, size uint64) (*arena.Block, error) {
@@ -45,7 +45,7 @@ func (a *Allocator) allocSlow(ss *streamState, p *pool, rounded, size uint64) (*
 			}
 		}
 	}
-	// Rung 2: wait for every pending event, release every free page and
+	// Rung 2: wait for every pending event, release every free handle and
 	// segment, then retry.
 	a.st.NumAllocRetries++
 	if rerr := a.releaseAll(); rerr != nil && !isOOM(rerr) {
@@ -142,7 +142,7 @@ func (a *Allocator) growClassic(ss *streamState, p *pool, rounded uint64) (*aren
 
 // growExpandable finds the lowest-addressed unmapped run that, together
 // with a free block of ss just before it (and after it, when the whole run
-// is mapped), fits rounded bytes, maps the pages needed, and returns the
+// is mapped), fits rounded bytes, maps the granules needed, and returns the
 // merged free block. With no such run it reserves a new segment if the VA
 // budget allows. mu held.
 func (a *Allocator) growExpandable(ss *streamState, p *pool, rounded uint64) (*arena.Block, error) {
@@ -232,12 +232,12 @@ func (a *Allocator) growExpandable(ss *streamState, p *pool, rounded uint64) (*a
 }
 
 // defragBeforeGrow keeps reserved memory within defrag_threshold of
-// allocated memory: if mapping pages for rounded bytes would push the
+// allocated memory: if mapping rounded bytes would push the
 // pool's mapped bytes above (1+threshold) × its allocated bytes plus one
-// page, the requesting stream's free pages in the pool (holes too small
+// page, the requesting stream's free handles in the pool (holes too small
 // for the request) are unmapped first, after synchronising that stream.
 // Their handles go to the handle cache, so the growth that follows remaps
-// the same physical memory at the new address. Other streams' pages are
+// the same physical memory at the new address. Other streams' handles are
 // left to the out-of-memory ladder: growth never waits for another stream.
 // Failures are left to the growth (and the OOM ladder) to report. mu held.
 func (a *Allocator) defragBeforeGrow(ss *streamState, p *pool, rounded uint64) {

@@ -120,7 +120,7 @@ func (a *Allocator) trimCaches() error {
 	return errors.Join(a.pools[0].cache.Trim(0), a.pools[1].cache.Trim(0))
 }
 
-// releaseAll waits for pending events, then unmaps every free page and
+// releaseAll waits for pending events, then unmaps every free handle and
 // releases every free segment and cached handle (empty_cache). mu held.
 func (a *Allocator) releaseAll() error {
 	err := a.synchronizeAndFreeEvents()
@@ -128,7 +128,7 @@ func (a *Allocator) releaseAll() error {
 }
 
 // releaseUntil releases free memory, stream by stream, until reserved bytes
-// are at most target. Each stream is synchronised once before its pages are
+// are at most target. Each stream is synchronised once before its handles are
 // unmapped. mu held.
 func (a *Allocator) releaseUntil(target uint64) error {
 	var errs []error
@@ -143,7 +143,7 @@ func (a *Allocator) releaseUntil(target uint64) error {
 	return errors.Join(errs...)
 }
 
-// releaseStream unmaps the free pages and frees the free classic segments
+// releaseStream unmaps the free handles and frees the free classic segments
 // of ss, largest blocks first, until reserved bytes are at most target.
 // needSync says whether ss must be synchronised first. mu held.
 func (a *Allocator) releaseStream(ss *streamState, target uint64, needSync bool) error {
@@ -282,7 +282,7 @@ func (a *Allocator) sweepSegments() error {
 	return errors.Join(errs...)
 }
 
-// EmptyCache waits for pending stream events, unmaps every free page,
+// EmptyCache waits for pending stream events, unmaps every free handle,
 // releases empty segments and cached physical handles
 // (torch.cuda.empty_cache). Memory in use is untouched.
 func (a *Allocator) EmptyCache() error {
