@@ -26,13 +26,15 @@
 // FreeList is a two-level segregated fit (TLSF) index: the first level is
 // the power of two of the size, the second splits each power of two into
 // 16 linear classes, and two bitmaps find the first non-empty class at
-// least as large as a request in O(1). Each class list is kept ordered by
-// (size, address), so the first fitting block of the request's own class,
-// or else the head of the next non-empty class, is the exact best fit with
-// the lowest address among equals — the same answer as an ordered set keyed
-// by (size, address) (see BTreeFreeList, kept for comparison). Class width
-// is 1/16 of a power of two, so a class holds blocks within 6.25% of each
-// other and the in-class ordered walk is short in practice.
+// least as large as a request in O(1). Each class holds its blocks in an
+// intrusive treap ordered by (size, address) (links in the Block, so no
+// allocation), so the smallest fitting block of the request's own class,
+// or else the minimum of the next non-empty class, is the exact best fit
+// with the lowest address among equals — the same answer as an ordered set
+// keyed by (size, address) (see BTreeFreeList, kept for comparison) — in
+// O(log k) for k blocks in the class, even when thousands of free blocks
+// share one size. Class width is 1/16 of a power of two, so a class holds
+// blocks within 6.25% of each other.
 //
 // Block headers are recycled through a BlockPool, so the steady-state
 // Malloc/Free path allocates nothing on the Go heap.
@@ -84,10 +86,12 @@ type Block struct {
 	Prev, Next *Block  // address-ordered neighbours in Region; nil at the ends
 	Region     *Region // the region the block tiles
 
-	list  *FreeList // free list holding the block, or nil
-	lprev *Block    // class-list neighbours
-	lnext *Block
-	class int32
+	list   *FreeList // free list holding the block, or nil
+	left   *Block    // class treap links
+	right  *Block
+	parent *Block
+	prio   uint32 // treap priority (a hash of Addr at insertion)
+	class  int32
 }
 
 // End is the address one past the block.

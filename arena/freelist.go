@@ -31,12 +31,12 @@ func ClassLowerBound(c int) uint64 {
 	return uint64(slCount+sl) << uint(fl-1)
 }
 
-// FreeList is a TLSF index of free blocks ordered by (size, address)
-// within each class. The zero value is an empty list.
+// FreeList is a TLSF index of free blocks: per class, a treap ordered by
+// (size, address). The zero value is an empty list.
 type FreeList struct {
 	flMap uint64           // bit f set: some class in first level f is non-empty
 	slMap [flCount]uint16  // bit s of slMap[f] set: class f*16+s non-empty
-	heads [numClass]*Block // class lists, ascending (size, address)
+	roots [numClass]*Block // class treap roots
 	n     int              // blocks in the list
 	bytes uint64           // nbytes in the list
 }
@@ -51,6 +51,64 @@ func less(a, b *Block) bool {
 	return a.Size < b.Size || (a.Size == b.Size && a.Addr < b.Addr)
 }
 
+// priority is a block's treap priority: a hash of its address, so the
+// shape of a treap depends only on its keys (deterministic).
+func priority(addr uintptr) uint32 {
+	x := uint64(addr>>9) * 0x9E3779B97F4A7C15
+	x ^= x >> 29
+	return uint32(x>>32) | 1
+}
+
+func (l *FreeList) markNonEmpty(c int) {
+	fl, sl := c/slCount, c%slCount
+	l.slMap[fl] |= 1 << uint(sl)
+	l.flMap |= 1 << uint(fl)
+}
+
+func (l *FreeList) markEmpty(c int) {
+	fl, sl := c/slCount, c%slCount
+	l.slMap[fl] &^= 1 << uint(sl)
+	if l.slMap[fl] == 0 {
+		l.flMap &^= 1 << uint(fl)
+	}
+}
+
+// setChild replaces child old of parent p (or the root of class c) by n.
+func (l *FreeList) setChild(c int, p, old, n *Block) {
+	switch {
+	case p == nil:
+		l.roots[c] = n
+	case p.left == old:
+		p.left = n
+	default:
+		p.right = n
+	}
+	if n != nil {
+		n.parent = p
+	}
+}
+
+// rotateUp rotates b above its parent.
+func (l *FreeList) rotateUp(c int, b *Block) {
+	p := b.parent
+	g := p.parent
+	if p.left == b {
+		p.left = b.right
+		if b.right != nil {
+			b.right.parent = p
+		}
+		b.right = p
+	} else {
+		p.right = b.left
+		if b.left != nil {
+			b.left.parent = p
+		}
+		b.left = p
+	}
+	p.parent = b
+	l.setChild(c, g, p, b)
+}
+
 // Insert adds b, which must not be in a list.
 func (l *FreeList) Insert(b *Block) {
 	if b.list != nil {
@@ -59,22 +117,32 @@ func (l *FreeList) Insert(b *Block) {
 	c := classOf(b.Size)
 	b.class = int32(c)
 	b.list = l
-	var prev *Block
-	cur := l.heads[c]
-	for cur != nil && less(cur, b) {
-		prev, cur = cur, cur.lnext
-	}
-	b.lprev, b.lnext = prev, cur
-	if cur != nil {
-		cur.lprev = b
-	}
-	if prev != nil {
-		prev.lnext = b
+	b.left, b.right, b.parent = nil, nil, nil
+	b.prio = priority(b.Addr)
+	if l.roots[c] == nil {
+		l.roots[c] = b
+		l.markNonEmpty(c)
 	} else {
-		l.heads[c] = b
-		fl, sl := c/slCount, c%slCount
-		l.slMap[fl] |= 1 << uint(sl)
-		l.flMap |= 1 << uint(fl)
+		cur := l.roots[c]
+		for {
+			if less(b, cur) {
+				if cur.left == nil {
+					cur.left = b
+					break
+				}
+				cur = cur.left
+			} else {
+				if cur.right == nil {
+					cur.right = b
+					break
+				}
+				cur = cur.right
+			}
+		}
+		b.parent = cur
+		for b.parent != nil && b.prio < b.parent.prio {
+			l.rotateUp(c, b)
+		}
 	}
 	l.n++
 	l.bytes += b.Size
@@ -86,22 +154,23 @@ func (l *FreeList) Remove(b *Block) {
 		panic("arena: Remove of a block not in this list")
 	}
 	c := int(b.class)
-	if b.lprev != nil {
-		b.lprev.lnext = b.lnext
-	} else {
-		l.heads[c] = b.lnext
-		if b.lnext == nil {
-			fl, sl := c/slCount, c%slCount
-			l.slMap[fl] &^= 1 << uint(sl)
-			if l.slMap[fl] == 0 {
-				l.flMap &^= 1 << uint(fl)
-			}
+	// Rotate b down until it has at most one child, then splice it out.
+	for b.left != nil && b.right != nil {
+		if b.left.prio < b.right.prio {
+			l.rotateUp(c, b.left)
+		} else {
+			l.rotateUp(c, b.right)
 		}
 	}
-	if b.lnext != nil {
-		b.lnext.lprev = b.lprev
+	child := b.left
+	if child == nil {
+		child = b.right
 	}
-	b.lprev, b.lnext, b.list = nil, nil, nil
+	l.setChild(c, b.parent, b, child)
+	if l.roots[c] == nil {
+		l.markEmpty(c)
+	}
+	b.left, b.right, b.parent, b.list = nil, nil, nil, nil
 	l.n--
 	l.bytes -= b.Size
 }
@@ -110,20 +179,41 @@ func (l *FreeList) Remove(b *Block) {
 // address among equals, or nil. It does not remove it.
 func (l *FreeList) BestFit(size uint64) *Block {
 	c := classOf(size)
-	for b := l.heads[c]; b != nil; b = b.lnext {
-		if b.Size >= size {
-			return b
+	var best *Block
+	for cur := l.roots[c]; cur != nil; {
+		if cur.Size >= size {
+			best, cur = cur, cur.left
+		} else {
+			cur = cur.right
 		}
+	}
+	if best != nil {
+		return best
 	}
 	return l.firstAbove(c)
 }
 
-// firstAbove returns the head of the first non-empty class above c.
+func minNode(b *Block) *Block {
+	for b.left != nil {
+		b = b.left
+	}
+	return b
+}
+
+func maxNode(b *Block) *Block {
+	for b.right != nil {
+		b = b.right
+	}
+	return b
+}
+
+// firstAbove returns the smallest block of the first non-empty class
+// above c.
 func (l *FreeList) firstAbove(c int) *Block {
 	fl, sl := c/slCount, c%slCount
 	if sl+1 < slCount {
 		if m := l.slMap[fl] &^ (1<<uint(sl+1) - 1); m != 0 {
-			return l.heads[fl*slCount+bits.TrailingZeros16(m)]
+			return minNode(l.roots[fl*slCount+bits.TrailingZeros16(m)])
 		}
 	}
 	if fl+1 >= flCount {
@@ -134,7 +224,7 @@ func (l *FreeList) firstAbove(c int) *Block {
 		return nil
 	}
 	f := bits.TrailingZeros64(m)
-	return l.heads[f*slCount+bits.TrailingZeros16(l.slMap[f])]
+	return minNode(l.roots[f*slCount+bits.TrailingZeros16(l.slMap[f])])
 }
 
 // Largest returns the largest block, or nil.
@@ -144,15 +234,33 @@ func (l *FreeList) Largest() *Block {
 	}
 	f := 63 - bits.LeadingZeros64(l.flMap)
 	s := 15 - bits.LeadingZeros16(l.slMap[f])
-	b := l.heads[f*slCount+s]
-	for b.lnext != nil {
-		b = b.lnext
+	return maxNode(l.roots[f*slCount+s])
+}
+
+// next is b's in-order successor within its class, or nil.
+func next(b *Block) *Block {
+	if b.right != nil {
+		return minNode(b.right)
 	}
-	return b
+	for b.parent != nil && b.parent.right == b {
+		b = b.parent
+	}
+	return b.parent
+}
+
+// prev is b's in-order predecessor within its class, or nil.
+func prev(b *Block) *Block {
+	if b.left != nil {
+		return maxNode(b.left)
+	}
+	for b.parent != nil && b.parent.left == b {
+		b = b.parent
+	}
+	return b.parent
 }
 
 // Each calls fn for every block in ascending (size, address) order until fn
-// returns false.
+// returns false. fn must not change the list.
 func (l *FreeList) Each(fn func(*Block) bool) {
 	m := l.flMap
 	for m != 0 {
@@ -162,7 +270,7 @@ func (l *FreeList) Each(fn func(*Block) bool) {
 		for s != 0 {
 			k := bits.TrailingZeros16(s)
 			s &^= 1 << uint(k)
-			for b := l.heads[f*slCount+k]; b != nil; b = b.lnext {
+			for b := minNode(l.roots[f*slCount+k]); b != nil; b = next(b) {
 				if !fn(b) {
 					return
 				}
@@ -174,30 +282,30 @@ func (l *FreeList) Each(fn func(*Block) bool) {
 // Contains reports whether b is in l.
 func (l *FreeList) Contains(b *Block) bool { return b.list == l }
 
-// replaceSlot puts unlisted block r in listed block b's place in the class
-// list (same class, and ordering kept: the caller checked), and takes b
-// out of the list.
+// replaceSlot puts unlisted block r in listed block b's place in its
+// class treap (same class, and ordering kept: the caller checked), and
+// takes b out of the list.
 func (l *FreeList) replaceSlot(b, r *Block) {
-	r.lprev, r.lnext, r.class, r.list = b.lprev, b.lnext, b.class, l
-	if b.lprev != nil {
-		b.lprev.lnext = r
-	} else {
-		l.heads[b.class] = r
+	r.left, r.right, r.prio, r.class, r.list = b.left, b.right, b.prio, b.class, l
+	if r.left != nil {
+		r.left.parent = r
 	}
-	if b.lnext != nil {
-		b.lnext.lprev = r
+	if r.right != nil {
+		r.right.parent = r
 	}
-	b.lprev, b.lnext, b.list = nil, nil, nil
+	l.setChild(int(b.class), b.parent, b, r)
+	b.left, b.right, b.parent, b.list = nil, nil, nil, nil
 }
 
 // fitsSlot reports whether a block of the given size and address could
-// stand where b stands in its class list.
+// stand where b stands in its class treap.
 func fitsSlot(b *Block, size uint64, addr uintptr) bool {
 	if int32(classOf(size)) != b.class {
 		return false
 	}
 	k := Block{Addr: addr, Size: size}
-	return (b.lprev == nil || less(b.lprev, &k)) && (b.lnext == nil || less(&k, b.lnext))
+	p, n := prev(b), next(b)
+	return (p == nil || less(p, &k)) && (n == nil || less(&k, n))
 }
 
 // SplitFront cuts listed block b at offset n (0 < n < b.Size): b leaves

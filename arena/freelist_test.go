@@ -116,6 +116,9 @@ func TestFreeListAgainstModel(t *testing.T) {
 		}
 		require.Equal(t, len(model), l.Len())
 		require.Equal(t, len(model), bt.Len())
+		if i%500 == 0 {
+			checkTreaps(t, &l)
+		}
 	}
 	var sum uint64
 	count := 0
@@ -180,9 +183,10 @@ func TestSplitFrontMergeNext(t *testing.T) {
 		switch {
 		case b.InList() && b.Size >= 1024:
 			n := uint64(rng.IntN(int(b.Size/512-1))+1) * 512
-			next := b.lnext
+			fits, oldPrio := fitsSlot(b, b.Size-n, b.Addr+uintptr(n)), b.prio
 			rest := l.SplitFront(&pool, b, n)
-			if rest.lnext == next && next != nil {
+			if fits {
+				require.Equal(t, oldPrio, rest.prio, "the remainder did not take the slot")
 				inPlace++
 			}
 			require.False(t, b.InList())
@@ -228,6 +232,51 @@ func TestSplitFrontMergeNext(t *testing.T) {
 			}
 		}
 		require.Same(t, want, l.BestFit(req))
+		if step%50 == 0 {
+			checkTreaps(t, &l)
+		}
 	}
 	require.Positive(t, inPlace, "no split took the in-place path")
+}
+
+// checkTreaps verifies every class treap: parent links, (size, address)
+// order, heap order of priorities, class membership, bitmaps and counts.
+func checkTreaps(t *testing.T, l *FreeList) {
+	t.Helper()
+	n := 0
+	var sum uint64
+	var walk func(b, parent *Block, c int, lo, hi *Block)
+	walk = func(b, parent *Block, c int, lo, hi *Block) {
+		if b == nil {
+			return
+		}
+		n++
+		sum += b.Size
+		require.Same(t, parent, b.parent)
+		require.Same(t, l, b.list)
+		require.Equal(t, int32(c), b.class)
+		require.Equal(t, c, classOf(b.Size))
+		if parent != nil {
+			require.LessOrEqual(t, parent.prio, b.prio, "heap order")
+		}
+		if lo != nil {
+			require.True(t, less(lo, b), "order")
+		}
+		if hi != nil {
+			require.True(t, less(b, hi), "order")
+		}
+		walk(b.left, b, c, lo, b)
+		walk(b.right, b, c, b, hi)
+	}
+	for c := range l.roots {
+		fl, sl := c/slCount, c%slCount
+		nonEmpty := l.roots[c] != nil
+		require.Equal(t, nonEmpty, l.slMap[fl]&(1<<uint(sl)) != 0, "class %d bitmap", c)
+		if nonEmpty {
+			require.NotZero(t, l.flMap&(1<<uint(fl)), "first-level bitmap %d", fl)
+		}
+		walk(l.roots[c], nil, c, nil, nil)
+	}
+	require.Equal(t, l.Len(), n)
+	require.Equal(t, l.Bytes(), sum)
 }

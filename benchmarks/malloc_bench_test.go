@@ -58,6 +58,38 @@ func BenchmarkMallocFree(b *testing.B) {
 	}
 }
 
+// BenchmarkMallocFreeHoles measures cache-hit pairs in a fragmented heap:
+// n free 512-byte holes of one size between live blocks, the case where an
+// address-ordered class list would walk every hole on each free.
+func BenchmarkMallocFreeHoles(b *testing.B) {
+	for _, holes := range []int{1_000, 100_000} {
+		b.Run(fmt.Sprintf("holes=%d", holes), func(b *testing.B) {
+			a, _ := newAllocator(b, "")
+			defer a.Close()
+			ptrs := make([]uintptr, 2*holes)
+			for i := range ptrs {
+				p, err := a.Malloc(512, 0)
+				require.NoError(b, err)
+				ptrs[i] = p
+			}
+			for i := 0; i < len(ptrs); i += 2 {
+				require.NoError(b, a.Free(ptrs[i]))
+			}
+			b.ReportAllocs()
+			b.ResetTimer()
+			for i := 0; i < b.N; i++ {
+				p, err := a.Malloc(512, 0)
+				if err != nil {
+					b.Fatal(err)
+				}
+				if err := a.Free(p); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
+}
+
 // BenchmarkMallocFreeParallel measures cache-hit pairs from all
 // goroutines on one allocator (one device mutex).
 func BenchmarkMallocFreeParallel(b *testing.B) {
