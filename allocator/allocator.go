@@ -334,16 +334,16 @@ func (a *Allocator) Free(ptr uintptr) error {
 	if a.closed {
 		return ErrClosed
 	}
-	b := a.live.Get(ptr)
+	b := a.live.Take(ptr)
 	if b == nil {
 		return a.badPointer(ptr)
 	}
 	if len(b.Uses) > 0 {
 		if err := a.insertEvents(b); err != nil {
+			a.live.Put(ptr, b) // nothing changed
 			return err
 		}
 	}
-	a.live.Delete(ptr)
 	p := &a.pools[poolIdx(b)]
 	a.st.Allocation.Dec(p.kind, 1)
 	a.st.AllocatedBytes.Dec(p.kind, int64(b.Size))

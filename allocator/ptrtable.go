@@ -72,18 +72,22 @@ func (t *ptrTable) Put(key uintptr, b *arena.Block) {
 }
 
 // Delete removes key if present.
-func (t *ptrTable) Delete(key uintptr) {
+func (t *ptrTable) Delete(key uintptr) { t.Take(key) }
+
+// Take removes key and returns its block, or returns nil if key is absent.
+func (t *ptrTable) Take(key uintptr) *arena.Block {
 	if t.keys == nil {
-		return
+		return nil
 	}
 	mask := len(t.keys) - 1
 	i := t.slot(key)
 	for t.keys[i] != key {
 		if t.keys[i] == 0 {
-			return
+			return nil
 		}
 		i = (i + 1) & mask
 	}
+	b := t.vals[i]
 	// Backward-shift: move later entries of the probe run into the hole.
 	for j := (i + 1) & mask; t.keys[j] != 0; j = (j + 1) & mask {
 		home := t.slot(t.keys[j])
@@ -95,6 +99,7 @@ func (t *ptrTable) Delete(key uintptr) {
 	}
 	t.keys[i], t.vals[i] = 0, nil
 	t.n--
+	return b
 }
 
 func (t *ptrTable) grow() {
