@@ -6,66 +6,22 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"github.com/vmmalloc/vmmalloc/allocator"
-	"github.com/vmmalloc/vmmalloc/backend"
-	"github.com/vmmalloc/vmmalloc/backend/emulated"
+	"github.com/vmmalloc/vmmalloc/benchmarks/replay"
 	"github.com/vmmalloc/vmmalloc/benchmarks/trace"
 	"github.com/vmmalloc/vmmalloc/benchmarks/workload"
 )
 
-// stepResult is what one replay of a training trace measured.
-type stepResult struct {
-	peakAllocated, peakReserved int64
-	warmCalls                   int64 // driver calls after the warm-up steps
-	warmSteps                   int64 // steps after warm-up
-	driverTime                  float64
-}
-
-// replaySteps replays a training trace on a fresh allocator and counts the
-// driver calls made after warmup Mark events.
-func replaySteps(tb testing.TB, events []trace.Event, conf string, warmup uint64) stepResult {
-	e, err := emulated.New(emulated.WithCostModel(emulated.DefaultCostModel()))
-	require.NoError(tb, err)
+// replaySteps replays a training trace with the replay engine, counting
+// driver calls from the Mark that ends the warm-up.
+func replaySteps(tb testing.TB, events []trace.Event, conf string, warmup uint64) *replay.Report {
 	cfg, err := allocator.ParseConfig(conf)
 	require.NoError(tb, err)
-	a, err := allocator.New(e, cfg)
+	rep, err := replay.Run(trace.NewSliceReader(events), replay.Options{
+		Config: cfg, SteadyFromMark: warmup, MaxSamples: -1,
+	})
 	require.NoError(tb, err)
-	defer a.Close()
-	ptrs := make(map[uint64]uintptr, 1024)
-	var r stepResult
-	var base emulated.CallCounts
-	warm := false
-	for _, ev := range events {
-		switch ev.Kind {
-		case trace.Alloc:
-			p, err := a.Malloc(ev.Size, 0)
-			require.NoError(tb, err)
-			ptrs[ev.ID] = p
-		case trace.Free:
-			require.NoError(tb, a.Free(ptrs[ev.ID]))
-			delete(ptrs, ev.ID)
-		case trace.Mark:
-			if ev.ID == warmup {
-				warm, base = true, e.CallCounts()
-			}
-			if warm {
-				r.warmSteps++
-			}
-		}
-	}
-	if warm {
-		r.warmSteps-- // marks open steps; the last one closes the run
-		now := e.CallCounts()
-		for op := range now {
-			if backend.Op(op) != backend.OpMemGetInfo {
-				r.warmCalls += now[op] - base[op]
-			}
-		}
-	}
-	st := a.Stats()
-	r.peakAllocated = st.AllocatedBytes[0].Peak
-	r.peakReserved = st.ReservedBytes[0].Peak
-	r.driverTime = e.SimulatedTime().Seconds()
-	return r
+	require.Zero(tb, rep.OOMs)
+	return rep
 }
 
 // warmupSteps returns the number of the step after the one whose live
@@ -109,14 +65,14 @@ func BenchmarkTrainingWorkload(b *testing.B) {
 		{"classic", "expandable_segments:False"},
 	} {
 		b.Run(mode.name, func(b *testing.B) {
-			var r stepResult
+			var r *replay.Report
 			for i := 0; i < b.N; i++ {
 				r = replaySteps(b, events, mode.conf, warmupSteps(events))
 			}
-			b.ReportMetric(float64(r.peakReserved)/float64(r.peakAllocated), "reserved/allocated")
-			b.ReportMetric(float64(r.warmCalls)/float64(max(r.warmSteps, 1)), "driver-calls/step")
+			b.ReportMetric(float64(r.PeakReserved)/float64(r.PeakAllocated), "reserved/allocated")
+			b.ReportMetric(float64(r.SteadyDriverCalls)/float64(max(r.SteadySteps, 1)), "driver-calls/step")
 			b.ReportMetric(float64(len(events))*float64(b.N)/b.Elapsed().Seconds(), "events/s")
-			b.ReportMetric(r.driverTime*1e3, "sim-driver-ms")
+			b.ReportMetric(float64(r.SimDriverTime.Microseconds())/1e3, "sim-driver-ms")
 		})
 	}
 }
@@ -133,12 +89,13 @@ func TestTrainingWorkloadTargets(t *testing.T) {
 	warm := warmupSteps(events)
 	require.Less(t, warm, uint64(cfg.Steps), "the peak step must leave warm steps to measure")
 	r := replaySteps(t, events, "expandable_segments:True", warm)
-	ratio := float64(r.peakReserved) / float64(r.peakAllocated)
+	ratio := float64(r.PeakReserved) / float64(r.PeakAllocated)
 	t.Logf("expandable: peak allocated %d MiB, peak reserved %d MiB, ratio %.4f, %d driver calls in %d warm steps",
-		r.peakAllocated>>20, r.peakReserved>>20, ratio, r.warmCalls, r.warmSteps)
+		r.PeakAllocated>>20, r.PeakReserved>>20, ratio, r.SteadyDriverCalls, r.SteadySteps)
 	assert.LessOrEqual(t, ratio, 1.03)
-	assert.Zero(t, r.warmCalls)
+	assert.Positive(t, r.SteadySteps)
+	assert.Zero(t, r.SteadyDriverCalls)
 	c := replaySteps(t, events, "expandable_segments:False", warm)
 	t.Logf("classic: ratio %.4f, %d driver calls in %d warm steps",
-		float64(c.peakReserved)/float64(c.peakAllocated), c.warmCalls, c.warmSteps)
+		float64(c.PeakReserved)/float64(c.PeakAllocated), c.SteadyDriverCalls, c.SteadySteps)
 }

@@ -79,6 +79,11 @@ type Options struct {
 	// Parallel is how many replays the capacity search runs at once; 0
 	// means GOMAXPROCS.
 	Parallel int
+	// SteadyFromMark, if nonzero, is the ID of the Mark event (a step
+	// number) from which Report.SteadyDriverCalls counts driver calls: the
+	// steady state after a warm-up, where a caching allocator should make
+	// none.
+	SteadyFromMark uint64
 }
 
 // Sample is the state of the replay after Event events.
@@ -150,9 +155,14 @@ type Report struct {
 
 	DriverCalls      map[string]int64 `json:"driver_calls"`       // driver calls made during the replay, by primitive (nonzero only)
 	DriverCallsTotal int64            `json:"driver_calls_total"` // their sum
-	SimDriverTime    time.Duration    `json:"sim_driver_time_ns"` // simulated driver time (emulator cost model)
-	Wall             time.Duration    `json:"wall_time_ns"`       // wall time of the event loop (reading included)
-	EventsPerSec     float64          `json:"events_per_second"`  // Events / Wall
+	// SteadyDriverCalls counts the driver calls made after the Mark
+	// Options.SteadyFromMark, and SteadySteps the steps from it on (the
+	// Marks seen from it, less the last, which closes the run).
+	SteadyDriverCalls int64         `json:"steady_driver_calls,omitempty"`
+	SteadySteps       int64         `json:"steady_steps,omitempty"`
+	SimDriverTime     time.Duration `json:"sim_driver_time_ns"` // simulated driver time (emulator cost model)
+	Wall              time.Duration `json:"wall_time_ns"`       // wall time of the event loop (reading included)
+	EventsPerSec      float64       `json:"events_per_second"`  // Events / Wall
 
 	// Samples is the bounded time series (allocated, reserved, live).
 	Samples []Sample `json:"samples,omitempty"`
@@ -192,6 +202,9 @@ type runner struct {
 	stride     int64 // events between samples
 	nextSample int64 // event count of the next sample
 	samples    []Sample
+
+	steady     bool                // the Mark Options.SteadyFromMark was seen
+	steadyBase emulated.CallCounts // driver calls at that Mark
 
 	rep *Report
 }
@@ -536,6 +549,12 @@ func (r *runner) apply(e trace.Event, n int64) error {
 		}
 	case trace.Mark:
 		rep.Marks++
+		if r.opts.SteadyFromMark != 0 && e.ID == r.opts.SteadyFromMark && !r.steady {
+			r.steady, r.steadyBase = true, r.emu.CallCounts()
+		}
+		if r.steady {
+			rep.SteadySteps++
+		}
 	default:
 		return fmt.Errorf("%w: event %d has kind %v", ErrInvalidEvent, n, e.Kind)
 	}
@@ -569,6 +588,12 @@ func (r *runner) finish(callsBefore emulated.CallCounts, simBefore time.Duration
 		if d := calls[op] - callsBefore[op]; d != 0 {
 			rep.DriverCalls[backend.Op(op).String()] = d
 			rep.DriverCallsTotal += d
+		}
+	}
+	if r.steady {
+		rep.SteadySteps--
+		for op := range calls {
+			rep.SteadyDriverCalls += calls[op] - r.steadyBase[op]
 		}
 	}
 	rep.SimDriverTime = r.emu.SimulatedTime() - simBefore

@@ -259,3 +259,35 @@ func TestReadErrorIsWrapped(t *testing.T) {
 	assert.True(t, errors.Is(err, io.ErrUnexpectedEOF))
 	assert.Contains(t, err.Error(), "reading event 0")
 }
+
+func TestSteadyDriverCalls(t *testing.T) {
+	mark := func(id uint64) trace.Event { return trace.Event{Kind: trace.Mark, ID: id} }
+	// Step 1 grows the heap; step 2 reuses it; the last Mark closes the run.
+	ev := []trace.Event{
+		mark(1), alloc(1, 30*mib, 0), free(1),
+		mark(2), alloc(2, 30*mib, 0), free(2),
+		mark(3),
+	}
+	cases := []struct {
+		from      uint64
+		steps     int64
+		zeroCalls bool
+	}{
+		{0, 0, true}, // off
+		{1, 2, false},
+		{2, 1, true},
+		{9, 0, true}, // never seen
+	}
+	for _, c := range cases {
+		rep, err := Run(trace.NewSliceReader(ev), Options{SteadyFromMark: c.from})
+		require.NoError(t, err)
+		assert.Equal(t, c.steps, rep.SteadySteps, "from %d", c.from)
+		if c.zeroCalls {
+			assert.Zero(t, rep.SteadyDriverCalls, "from %d", c.from)
+		} else {
+			// Growth: the segment's granularity query and reservation, then
+			// create, map and set access for a 20 MiB and a 10 MiB handle.
+			assert.Equal(t, int64(8), rep.SteadyDriverCalls, "from %d", c.from)
+		}
+	}
+}
