@@ -392,7 +392,10 @@ func (a *Allocator) segAt(ptr uintptr) *seg {
 // freeBlock makes an Allocated or PendingFree block free and coalesces it
 // with free neighbours of the same stream. mu held.
 func (a *Allocator) freeBlock(b *arena.Block) {
-	ss := a.streams[b.Stream]
+	ss := a.lastS // usually the stream just used
+	if ss == nil || ss.stream != b.Stream {
+		ss = a.streams[b.Stream]
+	}
 	p := &a.pools[poolIdx(b)]
 	fl := ss.free[p.idx]
 	a.st.Active.Dec(p.kind, 1)
