@@ -112,14 +112,5 @@ func (t *ptrTable) grow() {
 	}
 }
 
-// Each calls fn for every entry.
-func (t *ptrTable) Each(fn func(uintptr, *arena.Block)) {
-	for i, k := range t.keys {
-		if k != 0 {
-			fn(k, t.vals[i])
-		}
-	}
-}
-
 // Reset empties the table.
 func (t *ptrTable) Reset() { *t = ptrTable{} }

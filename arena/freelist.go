@@ -227,16 +227,6 @@ func (l *FreeList) firstAbove(c int) *Block {
 	return minNode(l.roots[f*slCount+bits.TrailingZeros16(l.slMap[f])])
 }
 
-// Largest returns the largest block, or nil.
-func (l *FreeList) Largest() *Block {
-	if l.flMap == 0 {
-		return nil
-	}
-	f := 63 - bits.LeadingZeros64(l.flMap)
-	s := 15 - bits.LeadingZeros16(l.slMap[f])
-	return maxNode(l.roots[f*slCount+s])
-}
-
 // next is b's in-order successor within its class, or nil.
 func next(b *Block) *Block {
 	if b.right != nil {
