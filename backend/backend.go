@@ -33,6 +33,9 @@
 //	HostMemory.MallocHost   aclrtMallocHost                         cuMemHostAlloc
 //	HostMemory.FreeHost     aclrtFreeHost                           cuMemFreeHost
 //	HostMemory.HostRegister aclrtHostRegister                       cuMemHostRegister
+//	Copier.CopyHtoD/DtoH/DtoD aclrtMemcpyAsync                      cuMemcpyHtoDAsync_v2 / DtoH / DtoD
+//	Copier.Memset           aclrtMemsetAsync                        cuMemsetD8Async
+//	DeviceSynchronizer      aclrtSynchronizeDevice                  cuCtxSynchronize
 //
 // Where the two drivers differ the interface takes the stricter rule of
 // both: Unmap and ReleaseAddress take the size too (CUDA needs it, ACL
@@ -41,7 +44,8 @@
 // (ACL's aclrtSetDevice and CUDA's current context are the binding's job).
 //
 // Driver is the mandatory interface. Capabilities only some drivers have
-// are separate interfaces (IPC, HostMemory) discovered by type assertion,
+// are separate interfaces (IPC, HostMemory, Copier, DeviceSynchronizer,
+// Introspector) discovered by type assertion,
 // the Go idiom of io.WriterTo:
 //
 //	if ipc, ok := drv.(backend.IPC); ok { ... }
@@ -256,6 +260,37 @@ type HostMemory interface {
 	HostUnregister(p uintptr) error
 }
 
+// Copier is the optional capability of moving bytes to, from and within
+// device memory, and of filling it: the few data primitives that prove a
+// mapping really holds memory (integrity tests) and that a framework needs
+// first. CUDA: cuMemcpyHtoDAsync_v2 / cuMemcpyDtoHAsync_v2 /
+// cuMemcpyDtoDAsync_v2 / cuMemsetD8Async; ACL: aclrtMemcpyAsync /
+// aclrtMemsetAsync.
+//
+// The host side is Go memory, which the driver must not touch after the call
+// returns, so CopyHtoD and CopyDtoH are ordered on s after the work already
+// queued there and return only once the copy has completed. CopyDtoD and
+// Memset are queued on s and return at once.
+type Copier interface {
+	// CopyHtoD copies len(src) bytes from host memory to device address dst.
+	CopyHtoD(dst uintptr, src []byte, s Stream) error
+	// CopyDtoH copies len(dst) bytes from device address src to host memory.
+	CopyDtoH(dst []byte, src uintptr, s Stream) error
+	// CopyDtoD copies n bytes between device addresses.
+	CopyDtoD(dst, src uintptr, n uint64, s Stream) error
+	// Memset sets n bytes at device address dst to value.
+	Memset(dst uintptr, value byte, n uint64, s Stream) error
+}
+
+// DeviceSynchronizer is the optional capability of waiting for all work on
+// every stream of a device (cuCtxSynchronize, aclrtSynchronizeDevice). An
+// allocator uses it when it must release memory whose stream it can no longer
+// name (destroyed behind its back).
+type DeviceSynchronizer interface {
+	// DeviceSynchronize waits until all work queued on dev has completed.
+	DeviceSynchronize(dev int) error
+}
+
 // Range is a span of device address space.
 type Range struct {
 	Addr uintptr
@@ -316,6 +351,9 @@ const (
 	OpHostRegister
 	OpHostUnregister
 	OpHostDevicePointer
+	OpMemcpy
+	OpMemset
+	OpDeviceSync
 	NumOps // number of primitives; not an Op
 )
 
@@ -349,6 +387,9 @@ var opNames = [NumOps]string{
 	OpHostRegister:      "HostRegister",
 	OpHostUnregister:    "HostUnregister",
 	OpHostDevicePointer: "HostGetDevicePointer",
+	OpMemcpy:            "MemcpyAsync",
+	OpMemset:            "MemsetAsync",
+	OpDeviceSync:        "SynchronizeDevice",
 }
 
 func (op Op) String() string {
