@@ -6,6 +6,7 @@ require (
 	github.com/dustin/go-humanize v1.1.0
 	github.com/google/btree v1.1.3
 	github.com/stretchr/testify v1.12.1
+	golang.org/x/sync v0.25.0
 	golang.org/x/sys v0.50.0
 )
 

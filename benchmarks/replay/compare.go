@@ -1,6 +1,7 @@
 package replay
 
 import (
+	"context"
 	"fmt"
 	"io"
 	"maps"
@@ -11,7 +12,6 @@ import (
 	"time"
 
 	"github.com/dustin/go-humanize"
-	"github.com/vmmalloc/vmmalloc/allocator"
 	"github.com/vmmalloc/vmmalloc/benchmarks/trace"
 )
 
@@ -42,48 +42,52 @@ func DefaultPolicies() []Policy {
 // config and name, and, when opts.MinCapacity is set, searches each
 // policy's minimum capacity too. A policy whose config does not parse
 // yields ErrInvalidOptions naming it; nothing is replayed then.
+//
+// Compare is a one-trace Sweep that runs one policy at a time.
 func Compare(events []trace.Event, policies []Policy, opts Options) ([]*Report, error) {
-	if len(policies) == 0 {
-		return nil, fmt.Errorf("%w: no policies", ErrInvalidOptions)
+	return CompareContext(context.Background(), events, policies, opts)
+}
+
+// CompareContext is Compare under ctx.
+func CompareContext(ctx context.Context, events []trace.Event, policies []Policy, opts Options) ([]*Report, error) {
+	runs, err := Sweep(ctx, []SweepTrace{{Events: events}}, policies, SweepOptions{Options: opts, Parallel: 1})
+	if err != nil {
+		return nil, err
 	}
-	cfgs := make([]allocator.Config, len(policies))
-	for i, p := range policies {
-		cfg, err := allocator.ParseConfig(p.Config)
-		if err != nil {
-			return nil, fmt.Errorf("%w: policy %q: %w", ErrInvalidOptions, p.Name, err)
-		}
-		cfgs[i] = cfg
-	}
-	reps := make([]*Report, 0, len(policies))
-	for i, p := range policies {
-		o := opts
-		o.Name = p.Name
-		o.Config = cfgs[i]
-		rep, err := Run(trace.NewSliceReader(events), o)
-		if err != nil {
-			return nil, fmt.Errorf("replay: policy %q: %w", p.Name, err)
-		}
-		if opts.MinCapacity {
-			res, err := SearchMinCapacity(events, cfgs[i], o)
-			if err != nil {
-				return nil, fmt.Errorf("replay: policy %q: %w", p.Name, err)
-			}
-			rep.MinCapacity = res.Capacity
-			rep.MinCapacityOverLive = res.OverLive
-		}
-		reps = append(reps, rep)
+	reps := make([]*Report, len(runs))
+	for i, r := range runs {
+		reps[i] = r.Report
 	}
 	return reps, nil
 }
 
-// FormatBytes renders n bytes with an SI unit and two decimals
-// ("41.17 GB"), as the study figures are quoted.
+// FormatBytes renders n bytes in binary units with two decimals
+// ("38.34 GiB"), as PyTorch's memory_summary does; below 1 KiB it gives
+// the plain count ("512 B").
 func FormatBytes(n uint64) string {
-	v, unit := humanize.ComputeSI(float64(n))
-	if unit == "" {
+	const units = "KMGTPE"
+	if n < 1024 {
 		return strconv.FormatUint(n, 10) + " B"
 	}
-	return fmt.Sprintf("%.2f %sB", v, unit)
+	v, u := float64(n)/1024, 0
+	for v >= 1024-0.005 && u < len(units)-1 {
+		v /= 1024
+		u++
+	}
+	return fmt.Sprintf("%.2f %ciB", v, units[u])
+}
+
+// FormatCount renders a count with thousands separators ("70,726").
+func FormatCount(n int64) string { return humanize.Comma(n) }
+
+// WritePolicies writes which config each policy name stands for, one
+// line per policy ("  classic  = expandable_segments:False").
+func WritePolicies(w io.Writer, policies []Policy) error {
+	tw := tabwriter.NewWriter(w, 0, 0, 1, ' ', 0)
+	for _, p := range policies {
+		fmt.Fprintf(tw, "  %s\t= %s\n", p.Name, PolicyConfig(p))
+	}
+	return tw.Flush()
 }
 
 // formatRate renders a count per second with an SI unit ("5.21 M").
@@ -108,9 +112,9 @@ func WriteTable(w io.Writer, reports []*Report) error {
 		if name == "" {
 			name = r.Config
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%.4f\t%s\t%s\t%d\t%d\t%s\t%s\t\n",
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%.4f\t%s\t%s\t%s\t%s\t%s\t%s\t\n",
 			name, FormatBytes(r.PeakLive), FormatBytes(r.PeakReserved), r.ReservedOverLive,
-			mc, mcr, r.OOMs, r.DriverCallsTotal, r.SimDriverTime.Round(time.Microsecond), formatRate(r.EventsPerSec))
+			mc, mcr, FormatCount(r.OOMs), FormatCount(r.DriverCallsTotal), r.SimDriverTime.Round(time.Microsecond), formatRate(r.EventsPerSec))
 	}
 	return tw.Flush()
 }
@@ -125,8 +129,9 @@ func WriteText(w io.Writer, r *Report) error {
 		title = "replay"
 	}
 	fmt.Fprintf(b, "%s (%s) on a %s device\n", title, r.Config, FormatBytes(r.Capacity))
-	fmt.Fprintf(b, "  events            %d (%d alloc, %d free, %d record, %d sync, %d empty_cache)%s\n",
-		r.Events, r.Allocs, r.Frees, r.RecordStreams, r.StreamSyncs, r.EmptyCaches, incomplete(r))
+	c := FormatCount
+	fmt.Fprintf(b, "  events            %s (%s alloc, %s free, %s record, %s sync, %s empty_cache)%s\n",
+		c(r.Events), c(r.Allocs), c(r.Frees), c(r.RecordStreams), c(r.StreamSyncs), c(r.EmptyCaches), incomplete(r))
 	fmt.Fprintf(b, "  peak live         %s\n", FormatBytes(r.PeakLive))
 	fmt.Fprintf(b, "  peak allocated    %s\n", FormatBytes(r.PeakAllocated))
 	fmt.Fprintf(b, "  peak reserved     %s  (%.4f × peak live)\n", FormatBytes(r.PeakReserved), r.ReservedOverLive)
@@ -135,16 +140,16 @@ func WriteText(w io.Writer, r *Report) error {
 	}
 	fmt.Fprintf(b, "  at end            %s reserved, %s allocated, largest free block %s\n",
 		FormatBytes(r.EndReserved), FormatBytes(r.EndAllocated), FormatBytes(r.LargestFreeBlock))
-	fmt.Fprintf(b, "  fragmentation     mean %.4f, max %.4f (1 − allocated/reserved over %d samples)\n",
-		r.MeanFragmentation, r.MaxFragmentation, len(r.Samples))
-	fmt.Fprintf(b, "  OOMs              %d (retries %d)\n", r.OOMs, r.AllocRetries)
+	fmt.Fprintf(b, "  fragmentation     mean %.4f, max %.4f (1 − allocated/reserved over %s samples)\n",
+		r.MeanFragmentation, r.MaxFragmentation, c(int64(len(r.Samples))))
+	fmt.Fprintf(b, "  OOMs              %s (retries %s)\n", c(r.OOMs), c(r.AllocRetries))
 	if n := r.SkippedFrees + r.FailedFrees + r.SkippedRecords + r.DuplicateAllocs + r.ZeroAllocs; n > 0 {
-		fmt.Fprintf(b, "  skipped           %d unknown frees, %d frees of failed allocs, %d records, %d duplicate allocs, %d zero-byte allocs\n",
-			r.SkippedFrees, r.FailedFrees, r.SkippedRecords, r.DuplicateAllocs, r.ZeroAllocs)
+		fmt.Fprintf(b, "  skipped           %s unknown frees, %s frees of failed allocs, %s records, %s duplicate allocs, %s zero-byte allocs\n",
+			c(r.SkippedFrees), c(r.FailedFrees), c(r.SkippedRecords), c(r.DuplicateAllocs), c(r.ZeroAllocs))
 	}
-	fmt.Fprintf(b, "  driver calls      %d, simulated driver time %s\n", r.DriverCallsTotal, r.SimDriverTime.Round(time.Microsecond))
+	fmt.Fprintf(b, "  driver calls      %s, simulated driver time %s\n", c(r.DriverCallsTotal), r.SimDriverTime.Round(time.Microsecond))
 	for _, name := range sortedKeys(r.DriverCalls) {
-		fmt.Fprintf(b, "    %-36s %d\n", name, r.DriverCalls[name])
+		fmt.Fprintf(b, "    %-36s %s\n", name, c(r.DriverCalls[name]))
 	}
 	fmt.Fprintf(b, "  replay            %s, %s events/s\n", r.Wall.Round(time.Microsecond), formatRate(r.EventsPerSec))
 	_, err := io.WriteString(w, b.String())

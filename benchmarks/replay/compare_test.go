@@ -81,14 +81,32 @@ func TestFormatBytes(t *testing.T) {
 	}{
 		{0, "0 B"},
 		{999, "999 B"},
-		{1000, "1.00 kB"},
-		{41174114308, "41.17 GB"},
-		{47347400704, "47.35 GB"},
-		{2 << 40, "2.20 TB"},
+		{1000, "1000 B"},
+		{1023, "1023 B"},
+		{1024, "1.00 KiB"},
+		{1536, "1.50 KiB"},
+		{1<<20 - 1, "1.00 MiB"},
+		{80 << 30, "80.00 GiB"},
+		{41174114308, "38.35 GiB"},
+		{47347400704, "44.10 GiB"},
+		{2 << 40, "2.00 TiB"},
+		{1<<64 - 1, "16.00 EiB"},
 	}
 	for _, tc := range tests {
 		assert.Equal(t, tc.want, FormatBytes(tc.n), "%d", tc.n)
 	}
+}
+
+func TestFormatCount(t *testing.T) {
+	for n, want := range map[int64]string{0: "0", 999: "999", 1000: "1,000", 70726: "70,726", -1234567: "-1,234,567"} {
+		assert.Equal(t, want, FormatCount(n))
+	}
+}
+
+func TestWritePolicies(t *testing.T) {
+	var buf bytes.Buffer
+	require.NoError(t, WritePolicies(&buf, []Policy{{"expandable", ""}, {"classic-split128", "expandable_segments:False,max_split_size_mb:128"}}))
+	assert.Equal(t, "  expandable       = defaults\n  classic-split128 = expandable_segments:False,max_split_size_mb:128\n", buf.String())
 }
 
 func TestWriteText(t *testing.T) {

@@ -33,7 +33,7 @@ func ExampleRun() {
 	fmt.Println("reserved ≥ live:", rep.PeakReserved >= rep.PeakLive)
 	// Output:
 	// events: 6 OOMs: 0
-	// peak live: 94.37 MB
+	// peak live: 90.00 MiB
 	// reserved ≥ live: true
 }
 

@@ -1,12 +1,13 @@
 package replay
 
 import (
+	"context"
 	"fmt"
 	"runtime"
-	"sync"
 
 	"github.com/vmmalloc/vmmalloc/allocator"
 	"github.com/vmmalloc/vmmalloc/benchmarks/trace"
+	"golang.org/x/sync/errgroup"
 )
 
 // MaxSearchCapacity is the largest device capacity the search tries
@@ -57,6 +58,13 @@ func MinCapacity(events []trace.Event, cfg allocator.Config, opts Options) (uint
 // change its layout), the result is still a capacity that works whose
 // next-lower step failed.
 func SearchMinCapacity(events []trace.Event, cfg allocator.Config, opts Options) (*CapacityResult, error) {
+	return SearchMinCapacityContext(context.Background(), events, cfg, opts)
+}
+
+// SearchMinCapacityContext is SearchMinCapacity under ctx: the replays of
+// a round run in an errgroup, so the first one to fail (or ctx ending)
+// cancels the others, and the search returns that error.
+func SearchMinCapacityContext(ctx context.Context, events []trace.Event, cfg allocator.Config, opts Options) (*CapacityResult, error) {
 	opts.Config = resolveConfig(cfg)
 	opts.Progress = nil
 	opts.Check = false
@@ -80,7 +88,7 @@ func SearchMinCapacity(events []trace.Event, cfg allocator.Config, opts Options)
 		o := opts
 		o.Capacity = probe
 		o.StopOnOOM = false
-		rep, err := Run(trace.NewSliceReader(events), o)
+		rep, err := RunContext(ctx, trace.NewSliceReader(events), o)
 		if err != nil {
 			return nil, err
 		}
@@ -111,27 +119,24 @@ func SearchMinCapacity(events []trace.Event, cfg allocator.Config, opts Options)
 	// replayed without OOM.
 	fits := func(caps []uint64) ([]bool, error) {
 		ok := make([]bool, len(caps))
-		errs := make([]error, len(caps))
-		var wg sync.WaitGroup
+		g, gctx := errgroup.WithContext(ctx)
 		for i, c := range caps {
-			wg.Go(func() {
+			g.Go(func() error {
 				o := opts
 				o.Capacity = c
 				o.StopOnOOM = true
-				rep, err := Run(trace.NewSliceReader(events), o)
+				rep, err := RunContext(gctx, trace.NewSliceReader(events), o)
 				if err != nil {
-					errs[i] = err
-					return
+					return err
 				}
 				ok[i] = rep.OOMs == 0
+				return nil
 			})
 		}
-		wg.Wait()
+		err := g.Wait()
 		res.Replays += len(caps)
-		for _, err := range errs {
-			if err != nil {
-				return nil, err
-			}
+		if err != nil {
+			return nil, err
 		}
 		return ok, nil
 	}

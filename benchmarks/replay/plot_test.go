@@ -37,9 +37,14 @@ func TestReportPlot(t *testing.T) {
 	p := ReportPlot(`a <b> & "c"`, rep, ref)
 	require.Len(t, p.Curves, 4)
 	assert.Equal(t, "trace time (s)", p.XLabel)
-	assert.Equal(t, "reserved (expandable)", p.Curves[0].Name)
-	assert.True(t, p.Curves[3].Step)
-	assert.Equal(t, []float64{0, 0.001, 0.002}, p.Curves[3].X)
+	names := []string{p.Curves[0].Name, p.Curves[1].Name, p.Curves[2].Name, p.Curves[3].Name}
+	assert.Equal(t, []string{"reserved (expandable)", "PyTorch reserved (recorded)", "allocated", "live (requested)"}, names)
+	assert.True(t, p.Curves[1].Step)
+	assert.Equal(t, []float64{0, 0.001, 0.002}, p.Curves[1].X)
+	for i := 1; i < len(p.Curves); i++ {
+		assert.Less(t, p.Curves[i].Width, p.Curves[i-1].Width, "each line is narrower than the one under it")
+		assert.NotEmpty(t, p.Curves[i].Dash, "upper lines are dashed: %s", p.Curves[i].Name)
+	}
 	last := rep.Samples[len(rep.Samples)-1]
 	assert.Equal(t, float64(last.Reserved), p.Curves[0].Y[len(p.Curves[0].Y)-1])
 
@@ -52,7 +57,8 @@ func TestReportPlot(t *testing.T) {
 	out := buf.String()
 	assert.True(t, strings.Contains(out, "a &lt;b&gt; &amp; &#34;c&#34;"), "title escaped")
 	assert.True(t, strings.Contains(out, "PyTorch reserved (recorded)"))
-	assert.True(t, strings.Contains(out, " GB</text>"), "byte ticks in GB")
+	assert.Regexp(t, `[0-9] [KMG]iB</text>`, out, "byte ticks in binary units")
+	assert.NotContains(t, out, " MB</text>")
 }
 
 func TestReportPlotWithoutTime(t *testing.T) {
@@ -65,6 +71,7 @@ func TestReportPlotWithoutTime(t *testing.T) {
 	p := ReportPlot("t", rep, []trace.Point{{TimeNs: 5, Bytes: 1}})
 	assert.Equal(t, "events", p.XLabel)
 	assert.Len(t, p.Curves, 3, "a time-based reference cannot share an event axis")
+	assert.Equal(t, "allocated", p.Curves[1].Name)
 	assert.Equal(t, float64(rep.Events), p.Curves[0].X[len(p.Curves[0].X)-1])
 }
 
@@ -121,9 +128,34 @@ func TestTicks(t *testing.T) {
 	for _, tc := range tests {
 		assert.Equal(t, tc.want, niceStep(tc.v), "niceStep(%v)", tc.v)
 	}
-	assert.Equal(t, "40 GB", tickBytes(40e9, 10e9, 50e9))
-	assert.Equal(t, "2.5 GB", tickBytes(2.5e9, 0.5e9, 3e9))
-	assert.Equal(t, "0.0 GB", tickBytes(0, 0.2e9, 1e9))
-	assert.Equal(t, "0 B", tickBytes(0, 100, 500))
+	tests2 := []struct {
+		ymax     float64
+		hi, step float64
+		unit     string
+		label    string // label of the step-th tick
+	}{
+		{80 << 30, 80 << 30, 20 << 30, "GiB", "20 GiB"},
+		{3 << 29, 3 << 29, 0.5 * (1 << 30), "GiB", "0.5 GiB"},
+		{500, 500, 100, "B", "100 B"},
+		{0, 1, 0.2, "B", "0.2 B"},
+		{1023 << 20, 1500 << 20, 500 << 20, "MiB", "500 MiB"},
+	}
+	for _, tc := range tests2 {
+		a := byteAxis(tc.ymax)
+		assert.Equal(t, tc.hi, a.hi, "byteAxis(%v).hi", tc.ymax)
+		assert.Equal(t, tc.step, a.step, "byteAxis(%v).step", tc.ymax)
+		assert.Equal(t, tc.unit, a.unitName, "byteAxis(%v)", tc.ymax)
+		assert.Equal(t, tc.label, a.label(a.step), "byteAxis(%v)", tc.ymax)
+		assert.Equal(t, 0.0, a.lo)
+	}
+	pa := plainAxis(1.003, 1.15, 0)
+	assert.InDelta(t, 1.0, pa.lo, 1e-12)
+	assert.InDelta(t, 1.15, pa.hi, 1e-12)
+	assert.Equal(t, "1.05", pa.label(1.05))
+	one := plainAxis(7, 7, 0)
+	assert.Less(t, one.lo, 7.0)
+	assert.Greater(t, one.hi, 7.0)
 	assert.Equal(t, "0.25", tickNum(0.25, 0.05))
+	assert.Equal(t, "70,000", tickNum(70_000, 10_000))
+	assert.Equal(t, "5000", tickNum(5000, 1000))
 }

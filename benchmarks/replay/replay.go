@@ -1,6 +1,7 @@
 package replay
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"io"
@@ -27,6 +28,7 @@ const (
 	minMaxSamples     = 16      // smallest accepted Options.MaxSamples
 	defaultStride     = 16      // first sampling stride, in events
 	progressEvery     = 1 << 16 // events between Options.Progress calls
+	ctxCheckEvery     = 1 << 12 // events between checks of RunContext's context
 	denseIDs          = 1 << 26 // bound of the id slice (1 GiB of slots); larger ids go to a map
 	initialDense      = 1 << 12 // first length of the id slice
 	denseStreams      = 1 << 10 // trace streams below this index a slice
@@ -392,6 +394,12 @@ func (r *runner) sample(n, timeNs int64) {
 // out-of-memory end the replay with an error (and no report); see the
 // package documentation for how each event is applied.
 func Run(events trace.EventReader, opts Options) (*Report, error) {
+	return RunContext(context.Background(), events, opts)
+}
+
+// RunContext is Run that gives up when ctx is done: it checks ctx every
+// ctxCheckEvery events and returns ctx's error (wrapped) with no report.
+func RunContext(ctx context.Context, events trace.EventReader, opts Options) (*Report, error) {
 	if events == nil {
 		return nil, fmt.Errorf("%w: nil event reader", ErrInvalidOptions)
 	}
@@ -400,10 +408,10 @@ func Run(events trace.EventReader, opts Options) (*Report, error) {
 		return nil, err
 	}
 	defer r.close()
-	return r.run(events)
+	return r.run(ctx, events)
 }
 
-func (r *runner) run(events trace.EventReader) (*Report, error) {
+func (r *runner) run(ctx context.Context, events trace.EventReader) (*Report, error) {
 	rep := r.rep
 	callsBefore := r.emu.CallCounts()
 	simBefore := r.emu.SimulatedTime()
@@ -431,6 +439,9 @@ func (r *runner) run(events trace.EventReader) (*Report, error) {
 		}
 		n++
 		lastT = e.TimeNs
+		if n%ctxCheckEvery == 0 && ctx.Err() != nil {
+			return nil, fmt.Errorf("replay: stopped after %d events: %w", n, context.Cause(ctx))
+		}
 		if rep.OOMs > 0 && r.opts.StopOnOOM {
 			stopped = true
 			break
