@@ -57,13 +57,13 @@ type Plot struct {
 // Plot geometry, in SVG user units.
 const (
 	plotW, plotH         = 1000, 540
-	marginL, marginR     = 90, 250 // the legend lives in the right margin
+	marginL, marginR     = 90, 270 // the legend lives in the right margin
 	marginT, marginB     = 50, 60
 	maxPointsPerCurve    = 4 * (plotW - marginL - marginR)
 	legendRow, legendPad = 18, 14
 	maxLegendRows        = (plotH - marginT - marginB) / legendRow
 	maxTitle             = 120 // runes of the title shown
-	maxLegendText        = 30  // runes of a legend entry shown
+	maxLegendText        = 34  // runes of a legend entry shown
 	defaultWidth         = 1.5
 	markerSize           = 5.0
 )

@@ -5,27 +5,38 @@
 // Usage:
 //
 //	vmmalloc replay [flags] [trace]     replay a trace (default: the built-in training workload)
+//	vmmalloc sweep [flags] trace...     replay every trace under every policy, in parallel
 //	vmmalloc gen [flags]                write a generated workload as a trace
 //	vmmalloc convert [flags] input      convert a trace between formats
+//	vmmalloc --version                  print the version
 //
 // replay reads vmmalloc binary and text traces, PyTorch memory snapshots
 // (torch.cuda.memory._dump_snapshot pickles) and RAPIDS RMM CSV logs; the
 // format is detected from the content and the file name. Its flags:
 //
-//	--config s       allocator config (PYTORCH_CUDA_ALLOC_CONF style, e.g. expandable_segments:False)
+//	--config s       allocator config (PYTORCH_CUDA_ALLOC_CONF style, e.g. expandable_segments:False),
+//	                 applied over $VMMALLOC_CONF
 //	--capacity n     emulated device memory (80GiB default; units accepted)
-//	--min-capacity   bisect the smallest capacity the trace fits in
+//	--min-capacity   search the smallest capacity the trace fits in
 //	--compare        replay the default policy set, search each one's minimum capacity, print a table
-//	--json           print the report as JSON
-//	--svg file       write a plot of allocated vs reserved memory over time
+//	--allow-oom      exit 0 even if the replay ran out of memory
+//	--strict         fail on frees of unknown blocks and allocations of live ones
+//	--json           print the report as JSON (--samples adds the time series)
+//	--svg file       write a plot of memory over time (every policy with --compare)
 //
-// gen writes --kind training|inference|mix with --seed in --format
+// sweep replays a grid of policies × traces, one run per core at a time,
+// searching each run's minimum capacity; it prints a Markdown table and
+// writes PREFIX.md, PREFIX.csv and PREFIX.svg (min capacity against driver
+// calls). gen writes --kind training|inference|mix with --seed in --format
 // binary|text to -o. convert reads any input format and writes binary or
 // text (--to, or from the -o extension: .txt is text).
 //
-// Bad input (a missing file, a truncated or hostile pickle, an unknown
-// format, bad flags) is reported as one line on stderr with a non-zero
-// exit status: 2 for usage errors, 1 for everything else.
+// Sizes are printed in binary units (MiB, GiB) and counts with thousands
+// separators. Warnings (skipped frees, out-of-memory allowed) go to
+// stderr. Errors are one line on stderr, and the exit status says what
+// happened: 0 success, 1 bad input, I/O error or --strict violation,
+// 2 usage error, 3 internal error, 4 the replay ran out of device memory
+// (unless --allow-oom, --min-capacity or --compare).
 package main
 
 import (
@@ -43,6 +54,9 @@ const (
 	exitFailure  = 1 // bad input, I/O or replay error
 	exitUsage    = 2 // bad command line
 	exitInternal = 3 // a bug: recovered panic
+	// exitIncomplete: the replay ran out of device memory, so it could not
+	// do what the trace did (and its figures are not the trace's).
+	exitIncomplete = 4
 )
 
 func main() {
@@ -63,8 +77,12 @@ const mainUsage = `vmmalloc — caching-allocator studies over an emulated devic
 
 Usage:
   vmmalloc replay [flags] [trace]   replay a trace (default: the built-in training workload)
+  vmmalloc sweep [flags] trace...   replay every trace under every policy, in parallel
   vmmalloc gen [flags]              write a generated workload as a trace
   vmmalloc convert [flags] input    convert a trace between formats
+  vmmalloc --version                print the version
+
+Exit status: 0 ok, 1 failure, 2 usage, 3 internal error, 4 out of device memory.
 
 Run "vmmalloc <command> -h" for a command's flags.
 `
@@ -87,6 +105,8 @@ func run(args []string, stdout, stderr io.Writer) (code int) {
 	switch args[0] {
 	case "replay":
 		sub = cmdReplay
+	case "sweep":
+		sub = cmdSweep
 	case "gen":
 		sub = cmdGen
 	case "convert":
@@ -94,8 +114,11 @@ func run(args []string, stdout, stderr io.Writer) (code int) {
 	case "help", "-h", "-help", "--help":
 		fmt.Fprint(stdout, mainUsage)
 		return exitOK
+	case "version", "-version", "--version":
+		fmt.Fprintln(stdout, version())
+		return exitOK
 	default:
-		fmt.Fprintf(stderr, "vmmalloc: unknown command %q (want replay, gen or convert)\n", args[0])
+		fmt.Fprintf(stderr, "vmmalloc: unknown command %q (want replay, sweep, gen or convert)\n", args[0])
 		return exitUsage
 	}
 	cmd = "vmmalloc " + args[0]
@@ -106,10 +129,13 @@ func run(args []string, stdout, stderr io.Writer) (code int) {
 	case errors.Is(err, flag.ErrHelp):
 		return exitOK
 	}
-	fmt.Fprintf(stderr, "%s: %s\n", cmd, oneLine(err.Error()))
+	fmt.Fprintf(stderr, "%s: %s\n", cmd, cleanMessage(oneLine(err.Error())))
 	var ue usageError
-	if errors.As(err, &ue) {
+	switch {
+	case errors.As(err, &ue):
 		return exitUsage
+	case isIncomplete(err):
+		return exitIncomplete
 	}
 	return exitFailure
 }

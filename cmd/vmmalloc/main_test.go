@@ -102,6 +102,23 @@ func snapshotPickle() []byte {
 	})
 }
 
+// orphanPickle is a snapshot that frees a block allocated before
+// recording began.
+func orphanPickle() []byte {
+	entry := func(action string, addr, size, t int) any {
+		return map[string]any{"action": action, "addr": addr, "size": size, "stream": 0, "time_us": t, "frames": []any{}}
+	}
+	base := 0x7f0000000000
+	return pickleOf(map[string]any{
+		"segments": []any{},
+		"device_traces": []any{[]any{
+			entry("alloc", base, 1<<20, 1000),
+			entry("free_completed", base+(8<<20), 1<<20, 1001),
+			entry("free_completed", base, 1<<20, 1002),
+		}},
+	})
+}
+
 const rmmLog = `Thread,Time,Action,Pointer,Size,Stream
 1,08:00:00.000001,allocate,0x1000,1048576,0x0
 1,08:00:00.000002,allocate,0x2000,2097152,0x0
@@ -141,6 +158,9 @@ func fixtures(t *testing.T) map[string]string {
 		"empty.bin":        nil,
 		"truncated.bin":    bin.Bytes()[:len(bin.Bytes())-3],
 		"badtext.txt":      []byte(trace.TextHeader + "\nalloc x y\n"),
+		"orphan.txt":       []byte(trace.TextHeader + "\nalloc 1 4096\nfree 9\nfree 1\n"),
+		"dup.txt":          []byte(trace.TextHeader + "\nalloc 1 4096\nalloc 1 4096\nfree 1\n"),
+		"orphan.pickle":    orphanPickle(),
 	}
 	paths := map[string]string{"dir": dir, "missing": filepath.Join(dir, "missing.bin")}
 	for name, data := range files {
@@ -166,22 +186,26 @@ func TestRunSuccess(t *testing.T) {
 		want []string // substrings of stdout
 	}{
 		{"replay default workload", []string{"replay"}, []string{"built-in training workload", "peak reserved", "× peak live", "MapMem"}},
-		{"replay binary", []string{"replay", f["trace.bin"]}, []string{"(binary", "peak live         3.15 MB"}},
+		{"replay binary", []string{"replay", f["trace.bin"]}, []string{"(binary", "peak live         3.00 MiB"}},
 		{"replay binary without extension", []string{"replay", f["noext"]}, []string{"(binary"}},
 		{"replay text", []string{"replay", f["trace.txt"]}, []string{"(text", "4 (2 alloc, 2 free"}},
-		{"replay pickle", []string{"replay", f["snap.pickle"]}, []string{"(pytorch", "PyTorch recorded: peak reserved 2.15 GB for 1.61 GB peak live (1.3333×)"}},
+		{"replay pickle", []string{"replay", f["snap.pickle"]}, []string{"(pytorch", "PyTorch recorded: peak reserved 2.00 GiB for 1.50 GiB peak live (1.3333×)"}},
 		{"replay pickle by content", []string{"replay", f["snapdata"]}, []string{"(pytorch"}},
 		{"replay rmm", []string{"replay", f["log.csv"]}, []string{"(rmm", "1 allocation failures"}},
 		{"replay forced format", []string{"replay", "--format", "binary", f["noext"]}, []string{"(binary"}},
 		{"replay classic", []string{"replay", "--config", "expandable_segments:False", f["trace.bin"]}, []string{"expandable_segments:False ("}},
-		{"replay capacity", []string{"replay", "--capacity", "1GiB", f["trace.bin"]}, []string{"1.07 GB device"}},
+		{"replay capacity", []string{"replay", "--capacity", "1GiB", f["trace.bin"]}, []string{"1.00 GiB device"}},
 		{"replay flags after trace", []string{"replay", f["trace.bin"], "--min-capacity"}, []string{"min capacity"}},
-		{"replay compare", []string{"replay", "--compare", f["snap.pickle"]}, []string{"policy", "expandable-page2M", "classic-split128", "mincap/live"}},
-		{"replay compare custom", []string{"replay", "--compare", "--config", "large_segment_size_mb:4", f["trace.txt"]}, []string{"custom", "expandable-release256"}},
+		{"replay compare", []string{"replay", "--compare", f["snap.pickle"]}, []string{"policy", "expandable-page2M", "classic-split128", "mincap/live",
+			"policies (config over the defaults):", "  expandable            = defaults\n", "  classic-split128      = expandable_segments:False,max_split_size_mb:128\n"}},
+		{"replay compare custom", []string{"replay", "--compare", "--config", "large_segment_size_mb:4", f["trace.txt"]}, []string{"custom", "expandable-release256", "  custom                = large_segment_size_mb:4\n"}},
 		{"replay svg", []string{"replay", "--svg", svg, f["snap.pickle"]}, []string{"peak reserved"}},
 		{"replay check", []string{"replay", "--check", f["trace.bin"]}, []string{"peak reserved"}},
-		{"help", []string{"help"}, []string{"vmmalloc replay"}},
-		{"replay -h", []string{"replay", "-h"}, []string{"-min-capacity", "-svg file", "-capacity size"}},
+		{"help", []string{"help"}, []string{"vmmalloc replay", "vmmalloc sweep", "4 out of device memory"}},
+		{"version", []string{"--version"}, []string{"vmmalloc ", "go1."}},
+		{"version command", []string{"version"}, []string{"vmmalloc "}},
+		{"replay -h", []string{"replay", "-h"}, []string{"-min-capacity", "-svg file", "-capacity size", "-allow-oom", "-strict"}},
+		{"sweep -h", []string{"sweep", "-h"}, []string{"-policy name=config", "-parallel", "-o prefix"}},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {

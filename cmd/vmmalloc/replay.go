@@ -27,6 +27,8 @@ type replayFlags struct {
 	format   string
 	device   int
 	check    bool
+	allowOOM bool
+	strict   bool
 }
 
 // jsonReport is the --json output: the report's fields at the top level,
@@ -61,6 +63,8 @@ func cmdReplay(args []string, stdout, stderr io.Writer) error {
 	fs.StringVar(&f.format, "format", fmtAuto, "input format: auto, binary, text, pytorch or rmm")
 	fs.IntVar(&f.device, "device", 0, "device index of a PyTorch snapshot")
 	fs.BoolVar(&f.check, "check", false, "check the allocator's invariants after the replay")
+	fs.BoolVar(&f.allowOOM, "allow-oom", false, "exit 0 even when the replay runs out of device memory (exit status 4 otherwise)")
+	fs.BoolVar(&f.strict, "strict", false, "fail when the trace frees unknown blocks or allocates blocks already live")
 	pos, err := parseArgs(fs, args)
 	if err != nil {
 		return err
@@ -75,11 +79,14 @@ func cmdReplay(args []string, stdout, stderr io.Writer) error {
 	if f.device < 0 {
 		return usagef("--device %d: want ≥ 0", f.device)
 	}
-	cfg, err := allocator.ParseConfig(f.config)
-	if err != nil {
-		return usagef("--config: %w", err)
+	if f.samples && !f.asJSON {
+		return usagef("--samples needs --json (the time series is part of the JSON report; --svg plots it)")
 	}
-	opts := replay.Options{Name: policyLabel(f.config, cfg), Config: cfg, Check: f.check}
+	cfg, given, err := cliConfig(f.config)
+	if err != nil {
+		return err
+	}
+	opts := replay.Options{Name: policyLabel(given, cfg), Config: cfg, Check: f.check}
 	if f.capacity != "" {
 		c, err := humanize.ParseBytes(f.capacity)
 		if err != nil || c == 0 {
@@ -110,31 +117,22 @@ func cmdReplay(args []string, stdout, stderr io.Writer) error {
 	if in.info.Name != "" {
 		label = in.info.Name
 	}
-	var reports []*replay.Report
-	var rep *replay.Report
+	var (
+		reports  []*replay.Report
+		policies []replay.Policy
+		rep      *replay.Report
+	)
 	if f.compare {
 		events, err := in.all()
 		if err != nil {
 			return err
 		}
-		policies := replay.DefaultPolicies()
-		if strings.TrimSpace(f.config) != "" {
-			policies = append([]replay.Policy{{Name: "custom", Config: f.config}}, policies...)
+		policies = replay.DefaultPolicies()
+		if given != "" {
+			policies = append([]replay.Policy{{Name: "custom", Config: given}}, policies...)
 		}
-		copts := opts
-		copts.MinCapacity = true
-		for i, p := range policies {
-			pb := newProgress(stderr, fmt.Sprintf("%s %d/%d %s", label, i+1, len(policies), p.Name), in.fraction)
-			copts.Progress = pb.update
-			if pb == nil {
-				copts.Progress = nil
-			}
-			rs, err := replay.Compare(events, policies[i:i+1], copts)
-			pb.done()
-			if err != nil {
-				return err
-			}
-			reports = append(reports, rs...)
+		if reports, err = comparePolicies(events, policies, opts, label, in, stderr); err != nil {
+			return err
 		}
 		rep = reports[0]
 	} else {
@@ -167,14 +165,83 @@ func cmdReplay(args []string, stdout, stderr io.Writer) error {
 		if in.pytorch != nil {
 			ref = in.pytorch.ReservedCurve
 		}
-		if err := writeSVG(f.svg, replay.ReportPlot(plotTitle(in, rep), rep, ref)); err != nil {
+		p := replay.ReportPlot(plotTitle(in, rep), rep, ref)
+		if len(reports) > 0 {
+			p = replay.ComparePlot(compareTitle(in, reports), reports, ref)
+		}
+		if err := writeSVG(f.svg, p); err != nil {
 			return err
 		}
 	}
 	if f.asJSON {
-		return writeJSON(stdout, in, rep, reports, f)
+		err = writeJSON(stdout, in, rep, reports, f)
+	} else {
+		err = writeTextReport(stdout, in, rep, reports, policies)
 	}
-	return writeTextReport(stdout, in, rep, reports)
+	if err != nil {
+		return err
+	}
+	return replayOutcome(stderr, in, rep, reports, f)
+}
+
+// replayOutcome warns on stderr about what the replay skipped and returns
+// the error that sets the exit status: a --strict violation, or an
+// incompleteError when a replay ran out of memory and the user did not
+// ask for that (--allow-oom, --min-capacity, --compare).
+func replayOutcome(stderr io.Writer, in *input, rep *replay.Report, reports []*replay.Report, f replayFlags) error {
+	const cmd = "vmmalloc replay"
+	issues := issuesOf(rep, in)
+	if f.strict {
+		if err := issues.check(); err != nil {
+			return err
+		}
+	}
+	issues.warn(stderr, cmd)
+	if len(reports) == 0 {
+		reports = []*replay.Report{rep}
+	}
+	allowed := f.allowOOM || f.minCap || f.compare
+	for _, r := range reports {
+		if r.OOMs == 0 {
+			continue
+		}
+		if !allowed {
+			return incompleteError{fmt.Errorf("%s: the replay did not complete (--capacity to give it more, --min-capacity to find how much it needs, --allow-oom to accept this)", oomMessage(r))}
+		}
+		fmt.Fprintf(stderr, "%s: warning: %s\n", cmd, oomMessage(r))
+	}
+	return nil
+}
+
+// comparePolicies replays events under each policy (a one-trace sweep,
+// one policy at a time, each with its capacity search), with a progress
+// bar per policy on a terminal.
+func comparePolicies(events []trace.Event, policies []replay.Policy, opts replay.Options, label string, in *input, stderr io.Writer) ([]*replay.Report, error) {
+	copts := opts
+	copts.MinCapacity = true
+	var reports []*replay.Report
+	for i, p := range policies {
+		pb := newProgress(stderr, fmt.Sprintf("%s %d/%d %s", label, i+1, len(policies), p.Name), in.fraction)
+		copts.Progress = nil
+		if pb != nil {
+			copts.Progress = pb.update
+		}
+		rs, err := replay.Compare(events, policies[i:i+1], copts)
+		pb.done()
+		if err != nil {
+			return nil, err
+		}
+		reports = append(reports, rs...)
+	}
+	return reports, nil
+}
+
+func compareTitle(in *input, reports []*replay.Report) string {
+	name := in.info.Name
+	if name == "" {
+		name = in.name
+	}
+	return fmt.Sprintf("%s — reserved memory of %d policies, %s peak live", name, len(reports), replay.FormatBytes(reports[0].PeakLive))
 }
 
 func plotTitle(in *input, rep *replay.Report) string {
@@ -236,7 +303,7 @@ func writeJSON(w io.Writer, in *input, rep *replay.Report, reports []*replay.Rep
 	return enc.Encode(out)
 }
 
-func writeTextReport(w io.Writer, in *input, rep *replay.Report, reports []*replay.Report) error {
+func writeTextReport(w io.Writer, in *input, rep *replay.Report, reports []*replay.Report, policies []replay.Policy) error {
 	b := &strings.Builder{}
 	fmt.Fprintf(b, "trace   %s (%s", in.name, in.format)
 	if in.info.Source != "" {
@@ -244,9 +311,9 @@ func writeTextReport(w io.Writer, in *input, rep *replay.Report, reports []*repl
 	}
 	fmt.Fprintf(b, ")\n")
 	if pt := in.pytorch; pt != nil {
-		fmt.Fprintf(b, "PyTorch recorded: peak reserved %s for %s peak live (%.4f×), %d segment allocs",
+		fmt.Fprintf(b, "PyTorch recorded: peak reserved %s for %s peak live (%.4f×), %s segment allocs",
 			replay.FormatBytes(pt.PeakReserved), replay.FormatBytes(pt.PeakLive),
-			ratioOf(pt.PeakReserved, pt.PeakLive), pt.SegmentAllocs)
+			ratioOf(pt.PeakReserved, pt.PeakLive), replay.FormatCount(int64(pt.SegmentAllocs)))
 		if v, ok := pt.Settings["PYTORCH_CUDA_ALLOC_CONF"]; ok {
 			fmt.Fprintf(b, ", PYTORCH_CUDA_ALLOC_CONF=%q", fmt.Sprint(v))
 		}
@@ -255,18 +322,24 @@ func writeTextReport(w io.Writer, in *input, rep *replay.Report, reports []*repl
 		}
 		fmt.Fprintf(b, "\n")
 		if pt.UnmatchedFrees > 0 {
-			fmt.Fprintf(b, "        %d frees of blocks allocated before the trace began were skipped\n", pt.UnmatchedFrees)
+			fmt.Fprintf(b, "        %s frees of blocks allocated before the trace began were skipped\n", replay.FormatCount(int64(pt.UnmatchedFrees)))
 		}
 	}
 	if rt := in.rmm; rt != nil && rt.Failures > 0 {
-		fmt.Fprintf(b, "RMM log: %d allocation failures recorded (not replayed)\n", rt.Failures)
+		fmt.Fprintf(b, "RMM log: %s allocation failures recorded (not replayed)\n", replay.FormatCount(int64(rt.Failures)))
 	}
 	fmt.Fprintln(b)
 	if _, err := io.WriteString(w, b.String()); err != nil {
 		return err
 	}
 	if len(reports) > 0 {
-		return replay.WriteTable(w, reports)
+		if err := replay.WriteTable(w, reports); err != nil {
+			return err
+		}
+		if _, err := io.WriteString(w, "\npolicies (config over the defaults):\n"); err != nil {
+			return err
+		}
+		return replay.WritePolicies(w, policies)
 	}
 	return replay.WriteText(w, rep)
 }
