@@ -37,7 +37,7 @@ type Curve struct {
 	Step   bool      // draw as a step function
 	Color  string    // "#rrggbb"; empty: the palette colour of the curve's index
 	Dash   string    // SVG stroke-dasharray, e.g. "8 4"; empty: solid
-	Width  float64   // stroke width in SVG user units; 0: 1.5
+	Width  float64   // stroke width in SVG user units (marker radius for markers); 0: 1.5 (5)
 	Marker Marker    // draw this shape at each point and no line
 }
 
@@ -51,19 +51,22 @@ type Plot struct {
 	// 0, is labelled "memory" and ticks are in binary units (GiB).
 	// Otherwise Y is a plain number and the axis spans the data.
 	YLabel string
+	// LogX puts X on a log10 scale (for counts spanning decades); points
+	// with X ≤ 0 are not drawn.
+	LogX   bool
 	Curves []Curve
 }
 
 // Plot geometry, in SVG user units.
 const (
-	plotW, plotH         = 1000, 540
-	marginL, marginR     = 90, 270 // the legend lives in the right margin
+	plotW, plotH         = 1020, 540
+	marginL, marginR     = 90, 280 // the legend lives in the right margin
 	marginT, marginB     = 50, 60
 	maxPointsPerCurve    = 4 * (plotW - marginL - marginR)
 	legendRow, legendPad = 18, 14
 	maxLegendRows        = (plotH - marginT - marginB) / legendRow
 	maxTitle             = 120 // runes of the title shown
-	maxLegendText        = 34  // runes of a legend entry shown
+	maxLegendText        = 32  // runes of a legend entry shown
 	defaultWidth         = 1.5
 	markerSize           = 5.0
 )
@@ -231,15 +234,24 @@ func plainAxis(lo, hi, pad float64) axis {
 		d := math.Max(math.Abs(lo)*0.05, 0.5)
 		lo, hi = lo-d, hi+d
 	}
+	nonNeg := lo >= 0
 	d := (hi - lo) * pad
 	lo, hi = lo-d, hi+d
 	step := niceStep((hi - lo) / 6)
-	return axis{lo: math.Floor(lo/step) * step, hi: math.Ceil(hi/step) * step, step: step, unit: 1}
+	a := axis{lo: math.Floor(lo/step) * step, hi: math.Ceil(hi/step) * step, step: step, unit: 1}
+	if nonNeg && a.lo < 0 {
+		a.lo = 0 // counts and ratios do not go below zero
+	}
+	return a
 }
 
 // label formats the tick at v.
 func (a axis) label(v float64) string {
-	s := tickNum(v/a.unit, a.step/a.unit)
+	step := a.step
+	if v > 0 && v < step {
+		step = v // a log axis below 1
+	}
+	s := tickNum(v/a.unit, step/a.unit)
 	if a.unitName != "" {
 		s += " " + a.unitName
 	}
@@ -258,20 +270,34 @@ func (p Plot) WriteSVG(w io.Writer) error {
 		}
 		markers = markers || c.Marker != MarkerNone
 	}
+	// fx maps X onto the axis: itself, or its log10 with LogX (NaN, and
+	// so not drawn, for X ≤ 0).
+	fx := func(x float64) float64 { return x }
+	if p.LogX {
+		fx = func(x float64) float64 {
+			if x <= 0 {
+				return math.NaN()
+			}
+			return math.Log10(x)
+		}
+	}
 	xmin, xmax := math.Inf(1), math.Inf(-1)
 	ymin, ymax := math.Inf(1), math.Inf(-1)
 	for _, c := range p.Curves {
 		for i := range c.X {
-			if finite(c.X[i]) && finite(c.Y[i]) {
-				xmin, xmax = math.Min(xmin, c.X[i]), math.Max(xmax, c.X[i])
+			if x := fx(c.X[i]); finite(x) && finite(c.Y[i]) {
+				xmin, xmax = math.Min(xmin, x), math.Max(xmax, x)
 				ymin, ymax = math.Min(ymin, c.Y[i]), math.Max(ymax, c.Y[i])
 			}
 		}
 	}
 	var xa, ya axis
-	if markers {
+	switch {
+	case p.LogX:
+		xa = logAxis(xmin, xmax)
+	case markers:
 		xa = plainAxis(xmin, xmax, 0.05)
-	} else {
+	default:
 		if math.IsInf(xmin, 1) {
 			xmin, xmax = 0, 1
 		}
@@ -293,7 +319,7 @@ func (p Plot) WriteSVG(w io.Writer) error {
 	}
 
 	iw, ih := float64(plotW-marginL-marginR), float64(plotH-marginT-marginB)
-	sx := func(x float64) float64 { return marginL + (x-xa.lo)/(xa.hi-xa.lo)*iw }
+	sx := func(x float64) float64 { return marginL + (fx(x)-xa.lo)/(xa.hi-xa.lo)*iw }
 	sy := func(y float64) float64 { return marginT + ih - (y-ya.lo)/(ya.hi-ya.lo)*ih }
 
 	bw := bufio.NewWriter(w)
@@ -309,8 +335,7 @@ func (p Plot) WriteSVG(w io.Writer) error {
 		fmt.Fprintf(bw, `<text x="%d" y="%.1f" text-anchor="end">%s</text>`+"\n", marginL-6, py+4, html.EscapeString(ya.label(y)))
 	}
 	// x ticks.
-	for k := math.Ceil(xa.lo/xa.step - 1e-9); k*xa.step <= xa.hi+xa.step*1e-9; k++ {
-		x := k * xa.step
+	for _, x := range xa.ticks(p.LogX) {
 		px := sx(x)
 		fmt.Fprintf(bw, `<line x1="%.1f" y1="%d" x2="%.1f" y2="%d" stroke="#e0e0e0"/>`+"\n", px, marginT, px, plotH-marginB)
 		fmt.Fprintf(bw, `<text x="%.1f" y="%d" text-anchor="middle">%s</text>`+"\n", px, plotH-marginB+16, xa.label(x))
@@ -325,8 +350,8 @@ func (p Plot) WriteSVG(w io.Writer) error {
 		st := c.style(i)
 		if c.Marker != MarkerNone {
 			for j := range c.X {
-				if finite(c.X[j]) && finite(c.Y[j]) {
-					writeMarker(bw, c.Marker, sx(c.X[j]), sy(c.Y[j]), st.color)
+				if finite(fx(c.X[j])) && finite(c.Y[j]) {
+					writeMarker(bw, c.Marker, sx(c.X[j]), sy(c.Y[j]), c.markerRadius(), st.color)
 				}
 			}
 			continue
@@ -337,7 +362,7 @@ func (p Plot) WriteSVG(w io.Writer) error {
 		}
 		fmt.Fprintf(bw, `<polyline fill="none" stroke="%s" stroke-width="%.1f"%s stroke-linejoin="round" points="`, st.color, st.width, st.dashAttr())
 		for j := range xs {
-			if !finite(xs[j]) || !finite(ys[j]) {
+			if !finite(fx(xs[j])) || !finite(ys[j]) {
 				continue
 			}
 			if c.Step && j > 0 && finite(ys[j-1]) {
@@ -358,10 +383,10 @@ func (p Plot) WriteSVG(w io.Writer) error {
 		}
 		st := c.style(i)
 		if c.Marker != MarkerNone {
-			writeMarker(bw, c.Marker, lx+12, y, st.color)
+			writeMarker(bw, c.Marker, lx+12, y, markerSize, st.color)
 		} else {
 			fmt.Fprintf(bw, `<line x1="%.0f" y1="%.0f" x2="%.0f" y2="%.0f" stroke="%s" stroke-width="%.1f"%s/>`+"\n",
-				lx, y, lx+26, y, st.color, min(st.width, 4), st.dashAttr())
+				lx, y, lx+26, y, st.color, min(max(st.width, 2.5), 4), st.dashAttr())
 		}
 		fmt.Fprintf(bw, `<text x="%.0f" y="%.0f">%s</text>`+"\n", lx+32, y+4, html.EscapeString(clip(c.Name, maxLegendText)))
 	}
@@ -395,18 +420,85 @@ func (st curveStyle) dashAttr() string {
 }
 
 // writeMarker draws shape m centred on (x, y).
-func writeMarker(w io.Writer, m Marker, x, y float64, color string) {
-	const r = markerSize
+// A white outline keeps coinciding markers of decreasing size apart.
+func writeMarker(w io.Writer, m Marker, x, y, r float64, color string) {
+	const outline = ` stroke="white" stroke-width="0.8"`
 	switch m {
 	case MarkerSquare:
-		fmt.Fprintf(w, `<rect x="%.1f" y="%.1f" width="%.1f" height="%.1f" fill="%s"/>`+"\n", x-r*0.9, y-r*0.9, 1.8*r, 1.8*r, color)
+		fmt.Fprintf(w, `<rect x="%.1f" y="%.1f" width="%.1f" height="%.1f" fill="%s"%s/>`+"\n", x-r*0.9, y-r*0.9, 1.8*r, 1.8*r, color, outline)
 	case MarkerTriangle:
-		fmt.Fprintf(w, `<polygon points="%.1f,%.1f %.1f,%.1f %.1f,%.1f" fill="%s"/>`+"\n", x, y-1.2*r, x-1.1*r, y+0.8*r, x+1.1*r, y+0.8*r, color)
+		fmt.Fprintf(w, `<polygon points="%.1f,%.1f %.1f,%.1f %.1f,%.1f" fill="%s"%s/>`+"\n", x, y-1.3*r, x-1.15*r, y+0.8*r, x+1.15*r, y+0.8*r, color, outline)
 	case MarkerDiamond:
-		fmt.Fprintf(w, `<polygon points="%.1f,%.1f %.1f,%.1f %.1f,%.1f %.1f,%.1f" fill="%s"/>`+"\n", x, y-1.25*r, x+r, y, x, y+1.25*r, x-r, y, color)
+		fmt.Fprintf(w, `<polygon points="%.1f,%.1f %.1f,%.1f %.1f,%.1f %.1f,%.1f" fill="%s"%s/>`+"\n", x, y-1.25*r, x+r, y, x, y+1.25*r, x-r, y, color, outline)
 	default:
-		fmt.Fprintf(w, `<circle cx="%.1f" cy="%.1f" r="%.1f" fill="%s"/>`+"\n", x, y, r, color)
+		fmt.Fprintf(w, `<circle cx="%.1f" cy="%.1f" r="%.1f" fill="%s"%s/>`+"\n", x, y, r, color, outline)
 	}
+}
+
+// markerRadius is the curve's marker radius: Width, or markerSize.
+func (c Curve) markerRadius() float64 {
+	if c.Width > 0 && finite(c.Width) {
+		return c.Width
+	}
+	return markerSize
+}
+
+// logAxis spans [lo, hi], given as log10 values, widened to the nearest
+// 1, 2 or 5 times a power of ten.
+func logAxis(lo, hi float64) axis {
+	if math.IsInf(lo, 1) {
+		lo, hi = 0, 1
+	}
+	a := axis{lo: math.Log10(logBound(math.Pow(10, lo), false)), hi: math.Log10(logBound(math.Pow(10, hi), true)), step: 1, unit: 1}
+	if a.hi <= a.lo {
+		a.hi = a.lo + 1
+	}
+	return a
+}
+
+// logBound rounds v > 0 down (or up) to 1, 2 or 5 times a power of ten.
+func logBound(v float64, up bool) float64 {
+	p := math.Pow(10, math.Floor(math.Log10(v)+1e-12))
+	ms := []float64{1, 2, 5, 10}
+	if up {
+		for _, m := range ms {
+			if m*p >= v*(1-1e-12) {
+				return m * p
+			}
+		}
+		return 10 * p
+	}
+	for i := len(ms) - 1; i >= 0; i-- {
+		if ms[i]*p <= v*(1+1e-12) {
+			return ms[i] * p
+		}
+	}
+	return p
+}
+
+// ticks are the values at which the axis is ticked: multiples of the
+// step, or with log, 1, 2 and 5 times each power of ten in range (only
+// the powers when the axis spans more than three decades).
+func (a axis) ticks(log bool) []float64 {
+	var out []float64
+	if !log {
+		for k := math.Ceil(a.lo/a.step - 1e-9); k*a.step <= a.hi+a.step*1e-9; k++ {
+			out = append(out, k*a.step)
+		}
+		return out
+	}
+	mults := []float64{1, 2, 5}
+	if a.hi-a.lo > 3 {
+		mults = mults[:1]
+	}
+	for d := math.Floor(a.lo + 1e-9); d <= a.hi; d++ {
+		for _, m := range mults {
+			if l := math.Log10(m * math.Pow(10, d)); l >= a.lo-1e-9 && l <= a.hi+1e-9 {
+				out = append(out, m*math.Pow(10, d))
+			}
+		}
+	}
+	return out
 }
 
 // clip shortens s to at most n runes, marking the cut with an ellipsis.
@@ -435,7 +527,7 @@ func niceStep(v float64) float64 {
 }
 
 // tickNum formats v with enough decimals to tell ticks step apart, and
-// thousands separators on whole numbers from 10,000.
+// thousands separators on whole numbers from 1,000.
 func tickNum(v, step float64) string {
 	dec := 0
 	if step > 0 && step < 1 {
@@ -444,7 +536,7 @@ func tickNum(v, step float64) string {
 	if math.Abs(v) < step*1e-9 {
 		v = 0
 	}
-	if dec == 0 && math.Abs(v) >= 10_000 && math.Abs(v) < 1e18 {
+	if dec == 0 && math.Abs(v) >= 1000 && math.Abs(v) < 1e18 {
 		return humanize.Comma(int64(math.Round(v)))
 	}
 	return strconv.FormatFloat(v, 'f', dec, 64)

@@ -157,5 +157,44 @@ func TestTicks(t *testing.T) {
 	assert.Greater(t, one.hi, 7.0)
 	assert.Equal(t, "0.25", tickNum(0.25, 0.05))
 	assert.Equal(t, "70,000", tickNum(70_000, 10_000))
-	assert.Equal(t, "5000", tickNum(5000, 1000))
+	assert.Equal(t, "5,000", tickNum(5000, 1000))
+	assert.Equal(t, "999", tickNum(999, 1))
+}
+
+func TestLogAxis(t *testing.T) {
+	a := logAxis(math.Log10(685), math.Log10(70_214))
+	assert.InDelta(t, math.Log10(500), a.lo, 1e-12)
+	assert.InDelta(t, 5.0, a.hi, 1e-12)
+	assert.Equal(t, []float64{500, 1000, 2000, 5000, 10000, 20000, 50000, 100000}, roundAll(a.ticks(true)))
+	assert.Equal(t, "100,000", a.label(100_000))
+
+	wide := logAxis(0, 6) // 1 .. 1e6: powers of ten only
+	assert.Equal(t, []float64{1, 10, 100, 1000, 10000, 100000, 1e6}, roundAll(wide.ticks(true)))
+	small := logAxis(math.Log10(0.3), math.Log10(0.3))
+	assert.Less(t, small.lo, small.hi)
+	assert.Equal(t, "0.2", small.label(0.2))
+
+	for _, tc := range []struct{ v, down, up float64 }{{685, 500, 1000}, {1000, 1000, 1000}, {1999, 1000, 2000}, {70_214, 50_000, 100_000}, {0.3, 0.2, 0.5}} {
+		assert.InDelta(t, tc.down, logBound(tc.v, false), 1e-9, "down %v", tc.v)
+		assert.InDelta(t, tc.up, logBound(tc.v, true), 1e-9, "up %v", tc.v)
+	}
+	assert.Equal(t, 0.0, plainAxis(0, 70_000, 0.05).lo, "counts do not go below zero")
+	assert.Less(t, plainAxis(-5, 5, 0.05).lo, -5.0)
+}
+
+func roundAll(v []float64) []float64 {
+	out := make([]float64, len(v))
+	for i, x := range v {
+		out[i] = math.Round(x*1e6) / 1e6
+	}
+	return out
+}
+
+func TestLogXSkipsNonPositive(t *testing.T) {
+	p := Plot{LogX: true, YLabel: "r", Curves: []Curve{{Name: "a", X: []float64{0, -1, 100, 1000}, Y: []float64{1, 1, 1, 2}, Marker: MarkerCircle}}}
+	var buf bytes.Buffer
+	require.NoError(t, p.WriteSVG(&buf))
+	els := svgElements(t, buf.Bytes())
+	assert.Equal(t, 2+1, els["circle"], "two drawable points and the legend")
+	assert.NotContains(t, buf.String(), "NaN")
 }

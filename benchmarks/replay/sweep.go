@@ -5,6 +5,7 @@ import (
 	"encoding/csv"
 	"fmt"
 	"io"
+	"math"
 	"runtime"
 	"strconv"
 	"strings"
@@ -219,8 +220,10 @@ func WriteSweepCSV(w io.Writer, runs []SweepRun) error {
 
 // SweepPlot is the scatter plot of a sweep: one point per run, minimum
 // capacity over peak live (or, for runs without a capacity search, peak
-// reserved over peak live) against driver calls. Each policy has its
-// colour and each trace its marker shape.
+// reserved over peak live) against driver calls, on a log scale when they
+// span decades. Each policy has its colour and each trace its marker
+// shape; later policies draw smaller markers so that coinciding points
+// stay visible as rings.
 func SweepPlot(title string, runs []SweepRun) Plot {
 	p := Plot{Title: title, XLabel: "driver calls", YLabel: "min capacity / peak live"}
 	policyIdx := map[string]int{}
@@ -236,6 +239,12 @@ func SweepPlot(title string, runs []SweepRun) Plot {
 			p.YLabel = "min capacity (or peak reserved) / peak live"
 		}
 	}
+	lo, hi := math.Inf(1), 0.0
+	for _, r := range runs {
+		x := float64(r.Report.DriverCallsTotal)
+		lo, hi = math.Min(lo, x), math.Max(hi, x)
+	}
+	p.LogX = lo > 0 && hi/lo >= 20 // counts spanning decades
 	for _, r := range runs {
 		y := r.Report.MinCapacityOverLive
 		if r.Report.MinCapacity == 0 {
@@ -251,6 +260,9 @@ func SweepPlot(title string, runs []SweepRun) Plot {
 			Y:      []float64{y},
 			Color:  palette[policyIdx[r.Policy.Name]%len(palette)],
 			Marker: Marker(1 + traceIdx[r.Trace]%numMarkers),
+			// Later policies draw smaller markers, so coinciding points
+			// show as rings.
+			Width: 1.2 * markerSize * max(0.5, 1-0.09*float64(policyIdx[r.Policy.Name])),
 		})
 	}
 	return p

@@ -98,10 +98,14 @@ func cmdSweep(args []string, stdout, stderr io.Writer) error {
 		return err
 	}
 	fmt.Fprintf(stderr, "sweeping %d traces × %d policies\n", len(traces), len(policies))
+	done := 0
 	runs, err := replay.Sweep(context.Background(), traces, policies, replay.SweepOptions{
 		Options:  opts,
 		Parallel: *parallel,
-		OnDone:   func(r replay.SweepRun) { fmt.Fprintln(stderr, runLine(r)) },
+		OnDone: func(r replay.SweepRun) { // called one at a time
+			done++
+			fmt.Fprintln(stderr, runLine(r, done))
+		},
 	})
 	if err != nil {
 		return err
@@ -182,11 +186,11 @@ func loadTraces(paths []string, format string, device int) (traces []replay.Swee
 	return traces, unmatched, nil
 }
 
-// runLine is the progress line of a finished run.
-func runLine(r replay.SweepRun) string {
+// runLine is the progress line of a run, the done-th to finish.
+func runLine(r replay.SweepRun, done int) string {
 	rep := r.Report
 	return fmt.Sprintf("[%d/%d] %s × %s: min capacity %s (%.4f× peak live %s), %s driver calls, %s",
-		r.Index+1, r.Total, r.Trace, r.Policy.Name, replay.FormatBytes(rep.MinCapacity), rep.MinCapacityOverLive,
+		done, r.Total, r.Trace, r.Policy.Name, replay.FormatBytes(rep.MinCapacity), rep.MinCapacityOverLive,
 		replay.FormatBytes(rep.PeakLive), replay.FormatCount(rep.DriverCallsTotal), r.Wall.Round(time.Millisecond))
 }
 
