@@ -59,10 +59,10 @@ func ExampleCompare() {
 		fmt.Println(err)
 		return
 	}
+	// replay.WriteTable(os.Stdout, reps) prints them side by side.
 	for _, r := range reps {
 		fmt.Println(r.Policy, r.MinCapacity >= r.PeakLive)
 	}
-	// replay.WriteTable(os.Stdout, reps) prints them side by side.
 	// Output:
 	// expandable true
 	// classic true
