@@ -4,7 +4,8 @@
 // how fragmented it was over time, how many driver calls it made and how
 // long they would have taken, and how fast the replay ran. It answers the
 // researcher's questions "how much memory will my workload really need?"
-// (MinCapacity) and "which policy wastes least?" (Compare).
+// (MinCapacity), "which policy wastes least?" (Compare) and "how do these
+// policies fare across my traces?" (Sweep).
 //
 // # Replay
 //
@@ -53,8 +54,30 @@
 // resolution (the emulator's granularity), running one replay per core in
 // each round; its ratio to peak live is the answer to "will my model fit".
 //
+// # Sweeps
+//
+// Sweep runs a grid of policies × traces: each cell is a replay plus, with
+// Options.MinCapacity, a capacity search. Cells run in an errgroup limited
+// to SweepOptions.Parallel (GOMAXPROCS by default), each search then going
+// one replay at a time so the cells fill the cores. The group's context is
+// threaded into every replay (RunContext checks it every 4,096 events), so
+// the first cell that fails, or the caller cancelling, stops the others;
+// Sweep then returns that error and no runs. Compare is a one-trace Sweep
+// that runs one policy at a time, so that events per second compare, and
+// the capacity search runs each round's replays in an errgroup the same
+// way. WriteSweepMarkdown, WriteSweepCSV and SweepPlot (minimum capacity
+// over peak live against driver calls) present the runs.
+//
+// # Units
+//
+// Sizes are printed in binary units (FormatBytes: "38.35 GiB", as
+// PyTorch's memory_summary does) and counts with thousands separators
+// (FormatCount); plots tick their byte axes in KiB, MiB or GiB. Reports
+// and CSV carry plain bytes.
+//
 // # Concurrency
 //
-// Run, MinCapacity and Compare are safe for concurrent use: each replay
-// owns its emulator and allocator. A Report is a plain value.
+// Run, RunContext, MinCapacity, Compare and Sweep are safe for concurrent
+// use: each replay owns its emulator and allocator. A Report is a plain
+// value.
 package replay
