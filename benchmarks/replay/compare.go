@@ -160,7 +160,7 @@ func incomplete(r *Report) string {
 	if r.Complete {
 		return ""
 	}
-	return fmt.Sprintf(" — stopped at the first OOM (event %d)", r.FirstOOMEvent)
+	return " — stopped at the first OOM (event " + FormatCount(r.FirstOOMEvent) + ")"
 }
 
 func sortedKeys(m map[string]int64) []string { return slices.Sorted(maps.Keys(m)) }

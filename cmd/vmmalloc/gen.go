@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"strings"
 
+	"github.com/vmmalloc/vmmalloc/benchmarks/replay"
 	"github.com/vmmalloc/vmmalloc/benchmarks/trace"
 	"github.com/vmmalloc/vmmalloc/benchmarks/workload"
 )
@@ -40,7 +41,7 @@ func cmdGen(args []string, stdout, stderr io.Writer) error {
 		return err
 	}
 	if *out != "-" {
-		fmt.Fprintf(stderr, "wrote %d events (%s, seed %d) to %s\n", len(events), *kind, *seed, *out)
+		fmt.Fprintf(stderr, "wrote %s events (%s, seed %d) to %s\n", replay.FormatCount(int64(len(events))), *kind, *seed, *out)
 	}
 	return nil
 }

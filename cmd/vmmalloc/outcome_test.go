@@ -235,6 +235,12 @@ func TestSweepHonoursEnv(t *testing.T) {
 	assert.Equal(t, 2+7, strings.Count(stdout, "\n"), "custom plus the six default policies")
 }
 
+func TestGenCountsWithSeparators(t *testing.T) {
+	code, _, stderr := runCLI("gen", "-o", filepath.Join(t.TempDir(), "g.bin"))
+	require.Equal(t, exitOK, code, stderr)
+	assert.Regexp(t, `^wrote [0-9]{1,3}(,[0-9]{3})+ events \(training, seed 1\) to `, stderr)
+}
+
 func TestJSONStillParsesWithWarnings(t *testing.T) {
 	f := fixtures(t)
 	code, stdout, stderr := runCLI("replay", "--json", f["orphan.txt"])

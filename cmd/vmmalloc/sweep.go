@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"os/signal"
 	"strings"
 	"time"
 
@@ -99,7 +100,11 @@ func cmdSweep(args []string, stdout, stderr io.Writer) error {
 	}
 	fmt.Fprintf(stderr, "sweeping %d traces × %d policies\n", len(traces), len(policies))
 	done := 0
-	runs, err := replay.Sweep(context.Background(), traces, policies, replay.SweepOptions{
+	// Ctrl-C cancels the runs in flight (through the context each replay
+	// checks) instead of killing the process mid-write.
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
+	defer stop()
+	runs, err := replay.Sweep(ctx, traces, policies, replay.SweepOptions{
 		Options:  opts,
 		Parallel: *parallel,
 		OnDone: func(r replay.SweepRun) { // called one at a time
