@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/csv"
+	"runtime"
 	"strconv"
 	"strings"
 	"sync"
@@ -192,4 +193,24 @@ func TestSweepPlot(t *testing.T) {
 
 	runs[0].Report.MinCapacity = 0
 	assert.Equal(t, "min capacity (or peak reserved) / peak live", SweepPlot("x", runs).YLabel)
+}
+
+// BenchmarkSweep runs a 2 traces × 3 policies grid with capacity search,
+// one run at a time and GOMAXPROCS at once; runs/s is the throughput.
+func BenchmarkSweep(b *testing.B) {
+	traces, policies := sweepGrid()
+	for _, par := range []int{1, runtime.GOMAXPROCS(0)} {
+		b.Run("parallel="+strconv.Itoa(par), func(b *testing.B) {
+			b.ReportAllocs()
+			runs := 0
+			for b.Loop() {
+				rs, err := Sweep(context.Background(), traces, policies, SweepOptions{Options: Options{MinCapacity: true}, Parallel: par})
+				if err != nil {
+					b.Fatal(err)
+				}
+				runs += len(rs)
+			}
+			b.ReportMetric(float64(runs)/b.Elapsed().Seconds(), "runs/s")
+		})
+	}
 }
