@@ -97,6 +97,7 @@ type fake struct {
 	unmapMem, setAccess, getAccess, setDevice, aclInit     uintptr
 	exportSh, importSh, setPids, createStream, memcpy      uintptr
 	mallocHost, hostRegister, getMemInfo, retain           uintptr
+	clearContext                                           uintptr
 }
 
 func openFake(path string) (*fake, error) {
@@ -118,6 +119,7 @@ func openFake(path string) (*fake, error) {
 		"aclrtMemSetPidToShareableHandle": &f.setPids, "aclrtCreateStream": &f.createStream,
 		"aclrtMemcpyAsync": &f.memcpy, "aclrtMallocHost": &f.mallocHost, "aclrtHostRegister": &f.hostRegister,
 		"aclrtGetMemInfo": &f.getMemInfo, "aclrtMemRetainAllocationHandle": &f.retain,
+		"fakeacl_clear_context": &f.clearContext,
 	} {
 		if *p, err = purego.Dlsym(dl, name); err != nil {
 			return nil, fmt.Errorf("%s: %w", path, err)

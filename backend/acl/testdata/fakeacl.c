@@ -170,16 +170,23 @@ static char fail_sym[64];
 static long fail_nth;
 static aclError fail_code;
 
-/* the calling thread's current context: a pointer into ctxs, or NULL */
+/* The calling thread's current context, a pointer into ctxs or NULL, as
+ * aclrtSetDevice / aclrtSetCurrentContext left it; and the context of the
+ * call in progress. In strict mode a call consumes the current context, so
+ * that a binding must set it on the same thread right before every call and
+ * cannot lean on what an earlier call left behind. */
 static char ctxs[MAXDEV];
 static __thread char *cur_ctx;
+static __thread char *call_ctx;
 
-static int cur_dev(void) { return cur_ctx ? (int)(cur_ctx - ctxs) : -1; }
+static int cur_dev(void) { return call_ctx ? (int)(call_ctx - ctxs) : -1; }
 
 /* enter takes mu, counts the call and applies fault injection. */
 static aclError enter(const char *sym) {
 	pthread_mutex_lock(&mu);
 	calls++;
+	call_ctx = cur_ctx;
+	if (strict) cur_ctx = NULL;
 	if (fail_nth > 0 && strcmp(sym, fail_sym) == 0 && --fail_nth == 0) {
 		pthread_mutex_unlock(&mu);
 		return fail_code;
@@ -193,7 +200,7 @@ static aclError enter(const char *sym) {
 
 /* need_ctx fails, in strict mode, a call made without a current context. */
 static aclError need_ctx(void) {
-	if (strict && cur_ctx == NULL)
+	if (strict && call_ctx == NULL)
 		return ACL_ERROR_RT_CONTEXT_NULL;
 	return ACL_SUCCESS;
 }
@@ -209,6 +216,14 @@ static aclError need_dev(int dev) {
 #define ENTER(sym)                                    \
 	do {                                          \
 		aclError e_ = enter(sym);             \
+		if (e_ != ACL_SUCCESS) return e_;     \
+	} while (0)
+/* ENTER_CTX is ENTER for the calls that set or read the current context */
+#define ENTER_CTX(sym)                                \
+	do {                                          \
+		char *keep_ = cur_ctx;                \
+		aclError e_ = enter(sym);             \
+		cur_ctx = keep_;                      \
 		if (e_ != ACL_SUCCESS) return e_;     \
 	} while (0)
 #define RET(code)                                     \
@@ -303,6 +318,9 @@ void fakeacl_set_pid(int32_t p) {
 	pid = p;
 	pthread_mutex_unlock(&mu);
 }
+/* fakeacl_clear_context makes the calling thread have no current context. */
+void fakeacl_clear_context(void) { cur_ctx = NULL; }
+
 void fakeacl_set_strict(int on) {
 	pthread_mutex_lock(&mu);
 	strict = on;
@@ -392,14 +410,14 @@ aclError aclrtGetDeviceCount(uint32_t *n) {
 }
 
 aclError aclrtSetDevice(int32_t dev) {
-	ENTER("aclrtSetDevice");
+	ENTER_CTX("aclrtSetDevice");
 	CHECK(valid_dev(dev), ACL_ERROR_RT_INVALID_DEVICEID);
 	cur_ctx = &ctxs[dev];
 	RET(ACL_SUCCESS);
 }
 
 aclError aclrtGetDevice(int32_t *dev) {
-	ENTER("aclrtGetDevice");
+	ENTER_CTX("aclrtGetDevice");
 	CHECK(dev != NULL, ACL_ERROR_INVALID_PARAM);
 	CHECK(cur_ctx != NULL, ACL_ERROR_RT_CONTEXT_NULL);
 	*dev = cur_dev();
@@ -407,7 +425,7 @@ aclError aclrtGetDevice(int32_t *dev) {
 }
 
 aclError aclrtGetCurrentContext(void **ctx) {
-	ENTER("aclrtGetCurrentContext");
+	ENTER_CTX("aclrtGetCurrentContext");
 	CHECK(ctx != NULL, ACL_ERROR_INVALID_PARAM);
 	CHECK(cur_ctx != NULL, ACL_ERROR_RT_CONTEXT_NULL);
 	*ctx = cur_ctx;
@@ -415,7 +433,7 @@ aclError aclrtGetCurrentContext(void **ctx) {
 }
 
 aclError aclrtSetCurrentContext(void *ctx) {
-	ENTER("aclrtSetCurrentContext");
+	ENTER_CTX("aclrtSetCurrentContext");
 	char *c = ctx;
 	CHECK(c >= ctxs && c < ctxs + ndev, ACL_ERROR_INVALID_PARAM);
 	cur_ctx = c;
@@ -432,7 +450,7 @@ aclError aclrtDeviceGetBareTgid(int32_t *p) {
 aclError aclrtGetMemInfo(int32_t attr, size_t *freeb, size_t *total) {
 	ENTER("aclrtGetMemInfo");
 	CHECK(freeb != NULL && total != NULL, ACL_ERROR_INVALID_PARAM);
-	CHECK(cur_ctx != NULL, ACL_ERROR_RT_CONTEXT_NULL); /* per device: always needs one */
+	CHECK(call_ctx != NULL, ACL_ERROR_RT_CONTEXT_NULL); /* per device: always needs one */
 	CHECK(attr == HBM_MEM, ACL_ERROR_INVALID_PARAM);
 	int d = cur_dev();
 	*total = capacity[d];
@@ -756,7 +774,7 @@ aclError aclrtMemImportFromShareableHandle(uint64_t sh, int32_t dev, void **out)
 aclError aclrtCreateStream(void **out) {
 	ENTER("aclrtCreateStream");
 	CHECK(out != NULL, ACL_ERROR_INVALID_PARAM);
-	CHECK(cur_ctx != NULL, ACL_ERROR_RT_CONTEXT_NULL); /* a stream belongs to the current device */
+	CHECK(call_ctx != NULL, ACL_ERROR_RT_CONTEXT_NULL); /* a stream belongs to the current device */
 	struct stream *s = calloc(1, sizeof *s);
 	CHECK(s != NULL, ACL_ERROR_BAD_ALLOC);
 	s->dev = cur_dev();
@@ -799,14 +817,14 @@ aclError aclrtSynchronizeStream(void *sp) {
 
 aclError aclrtSynchronizeDevice(void) {
 	ENTER("aclrtSynchronizeDevice");
-	CHECK(cur_ctx != NULL, ACL_ERROR_RT_CONTEXT_NULL);
+	CHECK(call_ctx != NULL, ACL_ERROR_RT_CONTEXT_NULL);
 	RET(ACL_SUCCESS);
 }
 
 aclError aclrtCreateEventWithFlag(void **out, uint32_t flag) {
 	ENTER("aclrtCreateEventWithFlag");
 	CHECK(out != NULL && flag != 0 && (flag & ~0xbu) == 0, ACL_ERROR_INVALID_PARAM);
-	CHECK(cur_ctx != NULL, ACL_ERROR_RT_CONTEXT_NULL);
+	CHECK(call_ctx != NULL, ACL_ERROR_RT_CONTEXT_NULL);
 	struct event *e = calloc(1, sizeof *e);
 	CHECK(e != NULL, ACL_ERROR_BAD_ALLOC);
 	e->dev = cur_dev();
