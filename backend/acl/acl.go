@@ -75,7 +75,7 @@ func WithLibrary(path string) Option { return func(o *options) { o.library = pat
 // backend device i is ACL device ids[i]. By default every device is, in
 // ACL's order (which ASCEND_RT_VISIBLE_DEVICES already filters).
 func WithDevices(ids ...int) Option {
-	return func(o *options) { o.devices = append([]int(nil), ids...) }
+	return func(o *options) { o.devices = append(make([]int, 0, len(ids)), ids...) }
 }
 
 // Driver is a backend.Driver over the ACL runtime. It also implements
