@@ -248,6 +248,9 @@ func (d *Driver) MemGetInfo(dev int) (free, total uint64, err error) {
 	if !d.validDev(dev) {
 		return 0, 0, invalid(op, "", "device %d of %d", dev, len(d.phys))
 	}
+	if err := d.closedErr(op); err != nil {
+		return 0, 0, err
+	}
 	if c := d.call(dev, d.lib.getMemInfo, attrHBM, uintptr(unsafe.Pointer(&free)), uintptr(unsafe.Pointer(&total))); c != codeSuccess {
 		return 0, 0, driverError(op, "aclrtGetMemInfo", c)
 	}
@@ -336,6 +339,9 @@ func (d *Driver) Granularity(prop backend.PhysicalProp, opt backend.GranularityO
 	}
 	c, dev, err := d.toProp(op, prop)
 	if err != nil {
+		return 0, err
+	}
+	if err := d.closedErr(op); err != nil {
 		return 0, err
 	}
 	var g uint64
@@ -666,6 +672,41 @@ func (d *Driver) HandleProperties(h backend.Handle) (backend.PhysicalProp, uint6
 			"ACL does not report the size of imported handle %#x: import it with ImportSized or map it first", uint64(h))
 	}
 	return p, hi.size, nil
+}
+
+// LiveRanges lists, from the binding's bookkeeping of the calls that
+// succeeded, the reservations in address order, the mappings of device
+// dev's memory and the number of live handles of device dev (a freed handle
+// that is still mapped included): backend.Introspector, so an allocator's
+// Check can compare its view with the driver's.
+func (d *Driver) LiveRanges(dev int) (reservations, mappings []backend.Range, handles int) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	for va, n := range d.resv {
+		reservations = append(reservations, backend.Range{Addr: va, Size: n})
+	}
+	sort.Slice(reservations, func(i, j int) bool { return reservations[i].Addr < reservations[j].Addr })
+	for _, m := range d.maps {
+		if p := d.handles[m.h].prop; p.Location.Type == backend.LocationDevice && d.handles[m.h].dev == dev {
+			mappings = append(mappings, backend.Range{Addr: m.va, Size: m.size})
+		}
+	}
+	for _, hi := range d.handles {
+		if hi.prop.Location.Type == backend.LocationDevice && hi.dev == dev {
+			handles++
+		}
+	}
+	return reservations, mappings, handles
+}
+
+// closedErr reports errClosed(op) if the driver is closed.
+func (d *Driver) closedErr(op backend.Op) error {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.closed {
+		return errClosed(op)
+	}
+	return nil
 }
 
 // Close releases everything the driver still holds (mappings, handles,

@@ -277,6 +277,9 @@ func TestClose(t *testing.T) {
 	conformance.RequireKind(t, err, backend.OpReserve, backend.ErrUnavailable)
 	_, err = d.StreamCreate(0)
 	conformance.RequireKind(t, err, backend.OpStreamCreate, backend.ErrUnavailable)
+	_, _, err = d.MemGetInfo(0)
+	conformance.RequireKind(t, err, backend.OpMemGetInfo, backend.ErrUnavailable)
+	conformance.RequireKind(t, d.DeviceSynchronize(0), backend.OpDeviceSync, backend.ErrUnavailable)
 }
 
 func TestHostRegisterFlags(t *testing.T) {

@@ -47,6 +47,9 @@
 //     the size (ExportedSize), which ACL cannot report for an imported
 //     handle; ImportSized records it on the importer's side.
 //
+// LiveRanges (backend.Introspector) reports these tables, so that an
+// allocator's Check compares its view with the driver's.
+//
 // A handle's life: created (or imported) with one reference, +1 per
 // RetainHandle, −1 per FreePhysical; mapped any number of times. It leaves
 // the table when it has no reference and no mapping left, which is when ACL
@@ -64,7 +67,8 @@
 // # Data
 //
 // Device memory is not host-addressable, so the driver implements
-// backend.Copier over aclrtMemcpyAsync / aclrtMemsetAsync. Host↔device
+// backend.Copier over aclrtMemcpyAsync / aclrtMemsetAsync, and
+// backend.DeviceSynchronizer over aclrtSynchronizeDevice. Host↔device
 // copies are followed by aclrtSynchronizeStream, because the host side is Go
 // memory the runtime must not touch after the call returns.
 //

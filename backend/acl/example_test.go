@@ -52,8 +52,9 @@ func ExampleKind() {
 	_, host := d.(backend.HostMemory)
 	_, cp := d.(backend.Copier)
 	_, sync := d.(backend.DeviceSynchronizer)
-	fmt.Println(ipc, host, cp, sync)
+	_, in := d.(backend.Introspector)
+	fmt.Println(ipc, host, cp, sync, in)
 	// Output:
 	// true true
-	// true true true true
+	// true true true true true
 }

@@ -189,6 +189,9 @@ func (d *Driver) DeviceSynchronize(dev int) error {
 	if !d.validDev(dev) {
 		return invalid(op, "", "device %d of %d", dev, len(d.phys))
 	}
+	if err := d.closedErr(op); err != nil {
+		return err
+	}
 	if c := d.call(dev, d.lib.synchronizeDevice); c != codeSuccess {
 		return driverError(op, "aclrtSynchronizeDevice", c)
 	}
