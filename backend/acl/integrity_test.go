@@ -91,7 +91,7 @@ func integrity(t *testing.T, a *allocator.Allocator, c backend.Copier, s backend
 		live = append(live, b)
 		if step%100 == 99 {
 			require.NoError(t, a.Synchronize(s)) // may unmap free pages
-			require.NoError(t, a.Check())         // the allocator agrees with the binding's record
+			require.NoError(t, a.Check())        // the allocator agrees with the binding's record
 			for _, b := range live {
 				check(b)
 			}
