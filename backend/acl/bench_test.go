@@ -18,6 +18,7 @@ import (
 //	raw        purego.SyscallN alone, on a thread that already has a device
 //	pinned     + LockOSThread/UnlockOSThread + aclrtSetCurrentContext
 //	           (what every binding call does)
+//	setDevice  the same with aclrtSetDevice instead (for comparison)
 //	MemGetInfo the Driver method: pinned + argument and error handling
 //
 // pinned − raw is the price of being correct from any goroutine; the
@@ -52,6 +53,20 @@ func BenchmarkCall(b *testing.B) {
 		for b.Loop() {
 			runtime.LockOSThread()
 			purego.SyscallN(setCtx, ctx)
+			r, _, _ := purego.SyscallN(main_.getMemInfo, args...)
+			runtime.UnlockOSThread()
+			if r != 0 {
+				b.Fatal(r)
+			}
+		}
+	})
+	// The alternative the binding does not take: aclrtSetDevice per call
+	// (on a real runtime it also takes a device reference each time).
+	b.Run("setDevice", func(b *testing.B) {
+		b.ReportAllocs()
+		for b.Loop() {
+			runtime.LockOSThread()
+			purego.SyscallN(main_.setDevice, 0)
 			r, _, _ := purego.SyscallN(main_.getMemInfo, args...)
 			runtime.UnlockOSThread()
 			if r != 0 {
