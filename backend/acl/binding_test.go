@@ -358,3 +358,38 @@ func TestConcurrentStrict(t *testing.T) {
 		require.NoError(t, err)
 	}
 }
+
+// TestDeviceSynchronize: aclrtSynchronizeDevice completes the work of every
+// stream of that device, and only of that device.
+func TestDeviceSynchronize(t *testing.T) {
+	d := open(t)
+	w := hostView{d, main_}
+	var streams [2]backend.Stream
+	var events [2]backend.Event
+	for dev := range 2 {
+		s, err := d.StreamCreate(dev)
+		require.NoError(t, err)
+		e, err := d.EventCreate(dev)
+		require.NoError(t, err)
+		require.NoError(t, w.Hold(s))
+		require.NoError(t, w.ctl(main_.launch, uintptr(s)))
+		require.NoError(t, d.EventRecord(e, s))
+		done, err := d.EventQuery(e)
+		require.NoError(t, err)
+		require.False(t, done, "device %d: held work", dev)
+		streams[dev], events[dev] = s, e
+	}
+	require.NoError(t, d.DeviceSynchronize(1))
+	for dev, want := range []bool{false, true} {
+		done, err := d.EventQuery(events[dev])
+		require.NoError(t, err)
+		assert.Equal(t, want, done, "device %d after synchronizing device 1", dev)
+	}
+	require.NoError(t, d.StreamDestroy(streams[0])) // destroying a stream completes its work
+	done, err := d.EventQuery(events[0])
+	require.NoError(t, err)
+	assert.True(t, done)
+	require.NoError(t, d.EventDestroy(events[0]))
+	require.NoError(t, d.EventDestroy(events[1]))
+	require.NoError(t, d.StreamDestroy(streams[1]))
+}

@@ -7,7 +7,7 @@ import (
 	"github.com/vmmalloc/vmmalloc/backend/conformance"
 )
 
-func newDriver(t *testing.T) backend.Driver { return hostView{open(t)} }
+func newDriver(t *testing.T) backend.Driver { return hostView{open(t), main_} }
 
 func other(t *testing.T, d backend.Driver) backend.Driver {
 	return openPeer(t, d.(hostView).Driver)

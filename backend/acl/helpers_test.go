@@ -97,7 +97,7 @@ type fake struct {
 	unmapMem, setAccess, getAccess, setDevice, aclInit     uintptr
 	exportSh, importSh, setPids, createStream, memcpy      uintptr
 	mallocHost, hostRegister, getMemInfo, retain           uintptr
-	clearContext                                           uintptr
+	clearContext, hold, launch, complete                   uintptr
 }
 
 func openFake(path string) (*fake, error) {
@@ -119,7 +119,8 @@ func openFake(path string) (*fake, error) {
 		"aclrtMemSetPidToShareableHandle": &f.setPids, "aclrtCreateStream": &f.createStream,
 		"aclrtMemcpyAsync": &f.memcpy, "aclrtMallocHost": &f.mallocHost, "aclrtHostRegister": &f.hostRegister,
 		"aclrtGetMemInfo": &f.getMemInfo, "aclrtMemRetainAllocationHandle": &f.retain,
-		"fakeacl_clear_context": &f.clearContext,
+		"fakeacl_clear_context": &f.clearContext, "fakeacl_hold": &f.hold, "fakeacl_launch": &f.launch,
+		"fakeacl_complete": &f.complete,
 	} {
 		if *p, err = purego.Dlsym(dl, name); err != nil {
 			return nil, fmt.Errorf("%s: %w", path, err)
@@ -178,9 +179,34 @@ func open(t testing.TB, opts ...acl.Option) *acl.Driver {
 }
 
 // hostView gives the conformance suite's data cases a host view of the
-// double's memory, which is real host memory at the device address. A real
-// device's memory is not host-addressable; that is what Copier is for.
-type hostView struct{ *acl.Driver }
+// double's memory, which is real host memory at the device address (a real
+// device's memory is not host-addressable; that is what Copier is for), and
+// its ordering cases control over when work completes
+// (conformance.Workload).
+type hostView struct {
+	*acl.Driver
+	f *fake // the copy of the double d runs on
+}
+
+func (h hostView) ctl(fn uintptr, args ...uintptr) error {
+	if r, _, _ := purego.SyscallN(fn, args...); int32(r) != 0 {
+		return fmt.Errorf("fakeacl control call: aclError %d", int32(r))
+	}
+	return nil
+}
+
+func (h hostView) Hold(s backend.Stream) error { return h.ctl(h.f.hold, uintptr(s)) }
+
+func (h hostView) Launch(s backend.Stream, va uintptr, size uint64) error {
+	if _, _, err := h.AddressRange(va); err != nil {
+		return err
+	}
+	return h.ctl(h.f.launch, uintptr(s))
+}
+
+func (h hostView) CompleteN(s backend.Stream, n int) error {
+	return h.ctl(h.f.complete, uintptr(s), uintptr(n))
+}
 
 func (h hostView) Bytes(va uintptr, size uint64) ([]byte, error) {
 	base, n, err := h.AddressRange(va)
@@ -218,5 +244,5 @@ func openPeer(t testing.TB, exporter *acl.Driver) otherProcess {
 		require.NoError(t, d.Close())
 		require.Equal(t, liveObjects{}, peer.objects(), "the peer still holds objects after Close")
 	})
-	return otherProcess{hostView{d}, exporter}
+	return otherProcess{hostView{d, peer}, exporter}
 }

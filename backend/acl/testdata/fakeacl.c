@@ -13,8 +13,10 @@
  *   export        a u64 shareable with a pid whitelist; importers are other
  *                 loaded copies of this library ("processes"), connected by
  *                 fakeacl_connect, that map the same memfd
- *   streams       work runs synchronously at the call, so streams and events
- *                 are always complete
+ *   streams       copies run synchronously at the call; work queued with
+ *                 fakeacl_launch on a held stream stays pending until
+ *                 fakeacl_complete or a synchronize, so events can be
+ *                 incomplete
  *
  * It enforces the seed rules (R1-R19 of shared/reference/seed-rules.md) and
  * returns the aclError codes of the real runtime. The calling thread's
@@ -137,8 +139,13 @@ struct mapping {
 	int access;
 };
 
-struct stream { struct stream *next; int dev; };
-struct event { struct event *next; int dev; int recorded; };
+/* A stream's work items are numbered 1, 2, ...; those up to done have
+ * completed. Copies and memsets run at the call; only fakeacl_launch queues
+ * work, which completes at once unless the stream is held, and then by
+ * fakeacl_complete or a synchronize call. */
+struct stream { struct stream *next; int dev; int held; uint64_t issued, done; };
+/* An event captures its stream's work up to seq when recorded. */
+struct event { struct event *next; int dev; struct stream *s; uint64_t seq; };
 struct hostblk { struct hostblk *next; uintptr_t p; uint64_t size; };
 struct hostreg { struct hostreg *next; uintptr_t p; uint64_t size; };
 
@@ -803,6 +810,8 @@ aclError aclrtDestroyStream(void *sp) {
 	CHECK(need_dev(s->dev) == 0, ACL_ERROR_RT_CONTEXT_NULL);
 	for (struct stream **pp = &streams; *pp; pp = &(*pp)->next)
 		if (*pp == s) { *pp = s->next; break; }
+	for (struct event *e = events; e; e = e->next) /* its work completes */
+		if (e->s == s) e->s = NULL;
 	free(s);
 	RET(ACL_SUCCESS);
 }
@@ -812,12 +821,15 @@ aclError aclrtSynchronizeStream(void *sp) {
 	struct stream *s = find_stream(sp);
 	CHECK(s != NULL, ACL_ERROR_INVALID_PARAM);
 	CHECK(need_dev(s->dev) == 0, ACL_ERROR_RT_CONTEXT_NULL);
+	s->done = s->issued;
 	RET(ACL_SUCCESS);
 }
 
 aclError aclrtSynchronizeDevice(void) {
 	ENTER("aclrtSynchronizeDevice");
 	CHECK(call_ctx != NULL, ACL_ERROR_RT_CONTEXT_NULL);
+	for (struct stream *s = streams; s; s = s->next)
+		if (s->dev == cur_dev()) s->done = s->issued;
 	RET(ACL_SUCCESS);
 }
 
@@ -851,7 +863,8 @@ aclError aclrtRecordEvent(void *ep, void *sp) {
 	struct stream *s = find_stream(sp);
 	CHECK(e != NULL && s != NULL && e->dev == s->dev, ACL_ERROR_INVALID_PARAM);
 	CHECK(need_dev(s->dev) == 0, ACL_ERROR_RT_CONTEXT_NULL);
-	e->recorded = 1;
+	e->s = s;
+	e->seq = s->issued;
 	RET(ACL_SUCCESS);
 }
 
@@ -860,7 +873,9 @@ aclError aclrtQueryEventStatus(void *ep, int32_t *status) {
 	struct event *e = find_event(ep);
 	CHECK(e != NULL && status != NULL, ACL_ERROR_INVALID_PARAM);
 	CHECK(need_dev(e->dev) == 0, ACL_ERROR_RT_CONTEXT_NULL);
-	*status = 1; /* ACL_EVENT_RECORDED_STATUS_COMPLETE: work runs at the call */
+	/* ACL_EVENT_RECORDED_STATUS_COMPLETE 1, NOT_READY 0; an event never
+	 * recorded is complete */
+	*status = e->s == NULL || e->seq <= e->s->done;
 	RET(ACL_SUCCESS);
 }
 
@@ -869,6 +884,36 @@ aclError aclrtSynchronizeEvent(void *ep) {
 	struct event *e = find_event(ep);
 	CHECK(e != NULL, ACL_ERROR_INVALID_PARAM);
 	CHECK(need_dev(e->dev) == 0, ACL_ERROR_RT_CONTEXT_NULL);
+	if (e->s != NULL && e->s->done < e->seq) e->s->done = e->seq;
+	RET(ACL_SUCCESS);
+}
+
+/* fakeacl_hold makes work launched on stream sp stay pending until
+ * fakeacl_complete or a synchronize call. */
+aclError fakeacl_hold(void *sp) {
+	pthread_mutex_lock(&mu);
+	struct stream *s = find_stream(sp);
+	CHECK(s != NULL, ACL_ERROR_INVALID_PARAM);
+	s->held = 1;
+	RET(ACL_SUCCESS);
+}
+
+/* fakeacl_launch queues one work item on stream sp. */
+aclError fakeacl_launch(void *sp) {
+	pthread_mutex_lock(&mu);
+	struct stream *s = find_stream(sp);
+	CHECK(s != NULL, ACL_ERROR_INVALID_PARAM);
+	s->issued++;
+	if (!s->held) s->done = s->issued;
+	RET(ACL_SUCCESS);
+}
+
+/* fakeacl_complete completes the oldest n pending work items of sp. */
+aclError fakeacl_complete(void *sp, int n) {
+	pthread_mutex_lock(&mu);
+	struct stream *s = find_stream(sp);
+	CHECK(s != NULL && n >= 0, ACL_ERROR_INVALID_PARAM);
+	s->done = s->done + (uint64_t)n > s->issued ? s->issued : s->done + (uint64_t)n;
 	RET(ACL_SUCCESS);
 }
 
