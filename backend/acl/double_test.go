@@ -258,7 +258,7 @@ func TestDoubleR7OneDevicePerReservation(t *testing.T) {
 	r.ok(r.f.release, base)
 }
 
-func TestDoubleR12Retain(t *testing.T) {
+func TestDoubleR12R13R14Retain(t *testing.T) {
 	r := newRaw(t)
 	base := r.reserve(2 * gran)
 	h := r.create(gran, devProp(0))
@@ -266,12 +266,27 @@ func TestDoubleR12Retain(t *testing.T) {
 	var got uintptr
 	r.ok(r.f.retain, base+100, uintptr(unsafe.Pointer(&got)))
 	assert.Equal(t, h, got)
+	// R14: the mapping containing an address; nothing outside one.
+	rangeFn, err := purego.Dlsym(main_.dl, "aclrtMemGetAddressRange")
+	require.NoError(t, err)
+	var rb uintptr
+	var rn uint64
+	r.ok(rangeFn, base+gran-1, uintptr(unsafe.Pointer(&rb)), uintptr(unsafe.Pointer(&rn)))
+	assert.Equal(t, base, rb)
+	assert.Equal(t, uint64(gran), rn)
+	assert.Equal(t, int32(eInvalid), r.on(0, rangeFn, base+gran, uintptr(unsafe.Pointer(&rb)), uintptr(unsafe.Pointer(&rn))), "R14 unmapped")
+	propsFn, err := purego.Dlsym(main_.dl, "aclrtMemGetAllocationPropertiesFromHandle")
+	require.NoError(t, err)
+	var p cprop
+	r.ok(propsFn, h, uintptr(unsafe.Pointer(&p)))
+	assert.Equal(t, devProp(0), p, "R13")
 	r.ok(r.f.freePhysical, h)
 	r.ok(r.f.unmapMem, base)
 	assert.Equal(t, int64(1), r.f.objects().Handles, "R12 the retained reference keeps the handle")
 	r.ok(r.f.freePhysical, h)
 	assert.Zero(t, r.f.objects().Handles)
 	assert.Equal(t, int32(eInvalid), r.on(0, r.f.freePhysical, h), "free of a released handle")
+	assert.Equal(t, int32(eInvalid), r.on(0, propsFn, h, uintptr(unsafe.Pointer(&p))), "R13 properties of a released handle")
 	r.ok(r.f.release, base)
 }
 
