@@ -97,7 +97,7 @@ type fake struct {
 	unmapMem, setAccess, getAccess, setDevice, aclInit     uintptr
 	exportSh, importSh, setPids, createStream, memcpy      uintptr
 	mallocHost, hostRegister, getMemInfo, retain           uintptr
-	clearContext, hold, launch, complete                   uintptr
+	clearContext, hold, launch, complete, failArmed        uintptr
 }
 
 func openFake(path string) (*fake, error) {
@@ -120,7 +120,7 @@ func openFake(path string) (*fake, error) {
 		"aclrtMemcpyAsync": &f.memcpy, "aclrtMallocHost": &f.mallocHost, "aclrtHostRegister": &f.hostRegister,
 		"aclrtGetMemInfo": &f.getMemInfo, "aclrtMemRetainAllocationHandle": &f.retain,
 		"fakeacl_clear_context": &f.clearContext, "fakeacl_hold": &f.hold, "fakeacl_launch": &f.launch,
-		"fakeacl_complete": &f.complete,
+		"fakeacl_complete": &f.complete, "fakeacl_fail_armed": &f.failArmed,
 	} {
 		if *p, err = purego.Dlsym(dl, name); err != nil {
 			return nil, fmt.Errorf("%s: %w", path, err)
@@ -150,6 +150,12 @@ func (f *fake) failAt(t testing.TB, sym string, nth int, code int32) {
 	purego.SyscallN(f.fail, uintptr(unsafe.Pointer(&b[0])), uintptr(nth), uintptr(code))
 	runtime.KeepAlive(b)
 	t.Cleanup(func() { purego.SyscallN(f.fail, uintptr(unsafe.Pointer(&b[0])), 0, 0) })
+}
+
+// fired reports whether the failure armed by failAt has happened.
+func (f *fake) fired() bool {
+	n, _, _ := purego.SyscallN(f.failArmed)
+	return n == 0
 }
 
 // strictMode turns strict mode on until the test ends.

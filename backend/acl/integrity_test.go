@@ -104,3 +104,64 @@ func integrity(t *testing.T, a *allocator.Allocator, c backend.Copier, s backend
 	t.Logf("%d allocations, %d out-of-memory retries, peak reserved %d MiB", allocs, ooms, a.Stats().ReservedBytes[stats.AllPools].Peak>>20)
 	require.Positive(t, allocs)
 }
+
+// TestAllocatorFaults fails one ACL call in the middle of an allocator
+// workload (the allocator may recover, e.g. by releasing cache and
+// retrying) and checks that the failure rolled back completely: the
+// allocator's Check agrees with the binding's record, every live block keeps
+// its pattern, and after Close the double holds nothing.
+func TestAllocatorFaults(t *testing.T) {
+	for _, c := range []struct {
+		sym  string
+		nths []int
+	}{
+		{"aclrtMallocPhysical", []int{1, 2, 5}},
+		{"aclrtMapMem", []int{1, 2, 5}},
+		{"aclrtMemSetAccess", []int{1, 2, 5}},
+		{"aclrtReserveMemAddress", []int{1}}, // the workload reserves once
+	} {
+		sym := c.sym
+		for _, code := range []int32{207001, 507899} {
+			for _, nth := range c.nths {
+				t.Run(sym, func(t *testing.T) {
+					d := open(t)
+					cfg, err := allocator.ParseConfig("large_segment_size_mb:2") // a handle per 2 MiB: more driver calls
+					require.NoError(t, err)
+					a, err := allocator.New(d, cfg)
+					require.NoError(t, err)
+					s := a.DefaultStream()
+					main_.failAt(t, sym, nth, code)
+					pattern := make([]byte, 3<<20)
+					_, _ = rand.NewChaCha8([32]byte{3}).Read(pattern)
+					var live []liveBlock
+					failed := 0
+					for i := 0; i < 40; i++ {
+						n := 1<<20 + (i*104729)%(2<<20) // large pool
+						if i%2 == 0 {
+							n = 1 + (i*7919)%(64<<10) // small pool
+						}
+						p, err := a.Malloc(uint64(n), s)
+						if err != nil {
+							failed++
+							require.NoError(t, a.Check(), "after a failed Malloc (%v)", err)
+							continue
+						}
+						require.NoError(t, d.CopyHtoD(p, pattern[:n], s))
+						live = append(live, liveBlock{p: p, n: n})
+					}
+					require.True(t, main_.fired(), "the workload never reached call %d of %s", nth, sym)
+					require.LessOrEqual(t, failed, 1, "only the injected fault may fail a Malloc")
+					t.Logf("%s call %d failed with %d: %d Malloc failed", sym, nth, code, failed)
+					for _, b := range live {
+						got := make([]byte, b.n)
+						require.NoError(t, d.CopyDtoH(got, b.p, s))
+						require.True(t, bytes.Equal(pattern[:b.n], got))
+						require.NoError(t, a.Free(b.p))
+					}
+					require.NoError(t, a.Check())
+					require.NoError(t, a.Close())
+				})
+			}
+		}
+	}
+}

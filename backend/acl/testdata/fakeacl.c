@@ -342,6 +342,15 @@ void fakeacl_fail(const char *sym, long nth, int code) {
 	fail_code = code;
 	pthread_mutex_unlock(&mu);
 }
+/* fakeacl_fail_armed is how many more calls of the armed symbol pass
+ * before the injected failure: 0 once it has fired (or when disarmed). */
+long fakeacl_fail_armed(void) {
+	pthread_mutex_lock(&mu);
+	long n = fail_nth;
+	pthread_mutex_unlock(&mu);
+	return n;
+}
+
 /* fakeacl_live reports the live objects of this copy, in the order:
  * reservations, mappings, handles, streams, events, host blocks, host
  * registrations, exports; and the bytes used on device 0.. in used_out. */
