@@ -70,7 +70,9 @@
 // backend.Copier over aclrtMemcpyAsync / aclrtMemsetAsync, and
 // backend.DeviceSynchronizer over aclrtSynchronizeDevice. Host↔device
 // copies are followed by aclrtSynchronizeStream, because the host side is Go
-// memory the runtime must not touch after the call returns.
+// memory the runtime must not touch after the call returns. Some CANN
+// versions want the host side of an asynchronous copy to be pinned
+// (MallocHost); that is unverified here, for want of a device.
 //
 // # Test double
 //
