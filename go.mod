@@ -4,6 +4,7 @@ go 1.26.8
 
 require (
 	github.com/dustin/go-humanize v1.1.0
+	github.com/ebitengine/purego v0.11.3
 	github.com/google/btree v1.1.3
 	github.com/stretchr/testify v1.12.1
 	golang.org/x/sync v0.25.0
