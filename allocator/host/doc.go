@@ -24,21 +24,21 @@
 //
 // # Life of a block
 //
-//	            Malloc (cache miss: MallocHost, or mmap + HostRegister)
-//	                 │
-//	                 ▼
-//	   ┌──────▶ allocated ──Free, no stream recorded──────────────┐
-//	   │             │                                            │
-//	   │             │ Free after RecordStream: an event is       │
-//	   │             │ recorded on each stream (never waits)      │
-//	   │             ▼                                            ▼
-//	   │       free-pending ──every event complete (EventQuery)──▶ cached
-//	   │                                                          │
-//	   └──────────────────── Malloc (cache hit) ─────────────────┤
-//	                                                              │ EmptyCache, OOM, Close
-//	                                                              ▼
-//	                                        released (HostUnregister if registered, then
-//	                                        FreeHost / FreeHostWithDevSync, or munmap)
+//	         Malloc (cache miss: MallocHost, or mmap + HostRegister)
+//	              │
+//	              ▼
+//	┌──────▶ allocated ──Free, no stream recorded──────────────┐
+//	│             │                                            │
+//	│             │ Free after RecordStream: an event is       │
+//	│             │ recorded on each stream (never waits)      │
+//	│             ▼                                            ▼
+//	│       free-pending ──every event complete (EventQuery)──▶ cached
+//	│                                                          │
+//	└──────────────────── Malloc (cache hit) ─────────────────┤
+//	                                                           │ EmptyCache, OOM, Close
+//	                                                           ▼
+//	                                     released (HostUnregister if registered, then
+//	                                     FreeHost / FreeHostWithDevSync, or munmap)
 //
 // Completed events are collected, without waiting, at the start of every
 // Malloc while some block is free-pending, and by EmptyCache. Events come
