@@ -12,7 +12,7 @@ import (
 // to the peak number of pending events and no more). If an event cannot be
 // created or recorded, it waits for the stream instead, and for a stream
 // the driver no longer knows, for its device (backend.DeviceSynchronizer).
-// If that fails too, every event taken goes back to the pool and the error
+// If that fails too (a *streamGoneError when the stream is gone), every event taken goes back to the pool and the error
 // is returned with b unchanged. mu held.
 func (a *Allocator) insertEvents(b *block) error {
 	var err error
@@ -39,6 +39,9 @@ func (a *Allocator) insertEvents(b *block) error {
 		}
 		if e2 != nil {
 			err = errors.Join(e, e2)
+			if errors.Is(e2, backend.ErrInvalidArgument) {
+				err = &streamGoneError{stream: u, err: err}
+			}
 			break
 		}
 	}
@@ -58,6 +61,16 @@ func (a *Allocator) insertEvents(b *block) error {
 	a.scratchSS = a.scratchSS[:0]
 	return err
 }
+
+// streamGoneError reports that insertEvents could neither record an event
+// on a stream nor wait for it, because the driver no longer knows it.
+type streamGoneError struct {
+	stream backend.Stream
+	err    error
+}
+
+func (e *streamGoneError) Error() string { return e.err.Error() }
+func (e *streamGoneError) Unwrap() error { return e.err }
 
 // getEvent takes an idle event of device dev or creates one. mu held.
 func (a *Allocator) getEvent(dev int) (backend.Event, error) {

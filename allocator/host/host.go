@@ -205,8 +205,9 @@ func (a *Allocator) Malloc(size uint64) (uintptr, error) {
 // on the block (RecordStream), an event is recorded on each and the block
 // is reused only once they have all completed. If the driver cannot record
 // an event, Free waits for that stream instead (or, for a stream that no
-// longer exists, for its device, where the driver can); if that fails too,
-// Free returns the error and nothing changes.
+// longer exists, for its device, where the driver can, and failing that
+// gives the block back to the driver with FreeHostWithDevSync); if that
+// fails too, Free returns the error and nothing changes.
 func (a *Allocator) Free(ptr uintptr) error {
 	a.mu.Lock()
 	defer a.mu.Unlock()
@@ -219,7 +220,11 @@ func (a *Allocator) Free(ptr uintptr) error {
 	}
 	if len(b.uses) > 0 {
 		if err := a.insertEvents(b); err != nil {
-			return err
+			var gone *streamGoneError
+			if !errors.As(err, &gone) || b.mem != nil {
+				return err
+			}
+			return a.freeWithDevSync(b, err)
 		}
 	}
 	a.st.Allocation.Add(-1)
@@ -233,6 +238,31 @@ func (a *Allocator) Free(ptr uintptr) error {
 		return nil
 	}
 	a.cache(b)
+	return nil
+}
+
+// freeWithDevSync gives allocated MallocHost block b back to the driver with
+// FreeHostWithDevSync, which waits for the device work that uses it: the
+// way out when a stream recorded on b no longer exists, so that neither an
+// event nor a stream wait can order its reuse (cause). On failure nothing
+// changes and both errors are returned. mu held.
+func (a *Allocator) freeWithDevSync(b *block, cause error) error {
+	if b.reg {
+		if err := a.hm.HostUnregister(b.ptr); err != nil {
+			return errors.Join(cause, err)
+		}
+		b.reg, b.devPtr = false, 0
+	}
+	if err := a.hm.FreeHostWithDevSync(b.ptr); err != nil {
+		return errors.Join(cause, err)
+	}
+	a.st.Allocation.Add(-1)
+	a.st.AllocatedBytes.Add(-int64(b.size))
+	a.st.RequestedBytes.Add(-int64(b.req))
+	a.st.Active.Add(-1)
+	a.st.ActiveBytes.Add(-int64(b.size))
+	b.req, b.uses = 0, nil
+	a.forget(b)
 	return nil
 }
 

@@ -577,3 +577,26 @@ func TestConcurrentUse(t *testing.T) {
 	mustCheck(t, a, e)
 	assert.Zero(t, a.Stats().Allocation.Current)
 }
+
+// A stream destroyed after RecordStream can be neither recorded on nor
+// waited for: Free gives the block back with FreeHostWithDevSync, which
+// completes the work that still uses it, instead of failing for ever.
+func TestFreeAfterStreamDestroyed(t *testing.T) {
+	a, e := newHost(t, "", emulated.WithManualCompletion())
+	s, err := e.StreamCreate(0)
+	require.NoError(t, err)
+	p, err := a.Malloc(8 * kib)
+	require.NoError(t, err)
+	_, err = a.DevicePointer(p) // registered: must be undone before the free
+	require.NoError(t, err)
+	require.NoError(t, e.Launch(s, p, 8*kib))
+	require.NoError(t, a.RecordStream(p, s))
+	require.NoError(t, e.StreamDestroy(s))
+	require.NoError(t, a.Free(p))
+	st := a.Stats()
+	assert.Zero(t, st.Segment.Current)
+	assert.Zero(t, st.Active.Current)
+	assert.Equal(t, int64(1), st.NumSyncFallback)
+	assert.Zero(t, e.Live().PendingWork, "FreeHostWithDevSync completed the work")
+	mustCheck(t, a, e)
+}
