@@ -3,6 +3,7 @@ package host
 import (
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -38,9 +39,13 @@ type busyRange struct {
 // fuzzHost drives one allocator with the operations encoded in data,
 // comparing with the model after each and with the driver at checkpoints.
 // With faultN > 0, the faultN-th call of faultOp fails.
-func fuzzHost(t *testing.T, data []byte, faultOp backend.Op, faultN int) {
+// faultN < 0 runs the sweep's baseline. A sweep (faultN ≠ 0) skips the
+// in-between checks, which call the driver too, so that the armed fault
+// stays armed until it fires. It returns how many calls of faultOp failed and
+// how many calls of each primitive were made, up to the final check.
+func fuzzHost(t *testing.T, data []byte, faultOp backend.Op, faultN int) (failed int64, calls emulated.CallCounts) {
 	if len(data) < 2 {
-		return
+		return 0, calls
 	}
 	mode, data := data[0], data[1:]
 	conf := ""
@@ -67,7 +72,11 @@ func fuzzHost(t *testing.T, data []byte, faultOp backend.Op, faultN int) {
 	}
 	arm(1)
 	if faultN > 0 {
-		require.NoError(t, e.FailNth(faultOp, faultN, backend.ErrOutOfMemory))
+		kind := backend.ErrOutOfMemory // climbs the OOM ladder where Malloc sees it
+		if faultN%2 == 0 {
+			kind = backend.ErrUnavailable
+		}
+		require.NoError(t, e.FailNth(faultOp, faultN, kind))
 	}
 	failures := func() int64 {
 		var n int64
@@ -199,12 +208,16 @@ func fuzzHost(t *testing.T, data []byte, faultOp backend.Op, faultN int) {
 			}
 		case 9: // bad input, then a full check with faults disarmed
 			require.Error(t, a.Free(uintptr(x)<<12+uintptr(y)))
+			if faultN != 0 {
+				break
+			}
 			e.ClearFaults()
 			mustCheck(t, a, e)
 			arm(uint64(x)<<8 | uint64(y))
 		}
 		require.Equal(t, int64(len(m.live)), a.Stats().Allocation.Current)
 	}
+	failed, calls = e.Failures(faultOp), e.CallCounts()
 	e.ClearFaults()
 	mustCheck(t, a, e)
 	for _, p := range m.order {
@@ -213,6 +226,7 @@ func fuzzHost(t *testing.T, data []byte, faultOp backend.Op, faultN int) {
 	mustCheck(t, a, e)
 	require.NoError(t, a.Close())
 	assertNothingHeld(t, e)
+	return failed, calls
 }
 
 func FuzzHostAllocator(f *testing.F) {
@@ -221,23 +235,37 @@ func FuzzHostAllocator(f *testing.F) {
 	f.Add([]byte{9, 1, 2, 3, 0, 7, 7, 4, 0, 2, 8, 0, 4, 2, 1, 1, 6, 1, 1, 5, 2, 2, 0, 8, 0, 9, 3, 3})
 	f.Add([]byte{14, 0, 8, 0, 0, 8, 0, 0, 8, 0, 0, 8, 0, 2, 0, 0, 2, 0, 0, 2, 0, 0, 0, 7, 0})
 	f.Fuzz(func(t *testing.T, data []byte) {
-		fuzzHost(t, data, 0, 0)
+		_, _ = fuzzHost(t, data, 0, 0)
 	})
 }
 
-// TestFaultSweep fails the n-th call of each primitive in turn during a
-// fixed scenario: every failure must leave the allocator consistent with
-// the driver, and Close must leave nothing behind.
+// TestFaultSweep fails the n-th call of each primitive in turn, for every n
+// up to 40, during a fixed pseudo-random scenario: every failure must leave
+// the allocator consistent with the model and the driver, and Close must
+// leave nothing behind. The scenario is deterministic up to the failing
+// call, so the fault fires whenever the run without faults makes that many
+// calls.
 func TestFaultSweep(t *testing.T) {
-	scenario := []byte{0, 0, 0, 0, 4, 0, 4, 0, 1, 1, 5, 0, 7, 0, 9, 2, 0, 0, 8, 0, 3, 8, 1, 4, 0, 1, 0, 2, 0, 0, 9, 0, 0,
-		6, 0, 0, 0, 8, 0, 1, 1, 1, 5, 1, 3, 3, 1, 0, 2, 0, 0, 0, 3, 0, 4, 0, 2, 8, 0, 3, 9, 1, 1}
-	for _, mode := range []byte{0, 1} {
+	r := rand.New(rand.NewPCG(11, 12))
+	scenario := make([]byte, 900)
+	for i := range scenario {
+		scenario[i] = byte(r.UintN(256))
+	}
+	for _, mode := range []byte{0, 1, 4} {
+		data := append([]byte{mode}, scenario...)
+		var base emulated.CallCounts
+		t.Run(fmt.Sprintf("mode%d/none", mode), func(t *testing.T) { _, base = fuzzHost(t, data, 0, -1) })
+		swept := 0
 		for _, op := range faultOps {
-			for n := 1; n <= 3; n++ {
+			for n := 1; n <= 40 && int64(n) <= base[op]; n++ {
+				swept++
 				t.Run(fmt.Sprintf("mode%d/%v/%d", mode, op, n), func(t *testing.T) {
-					fuzzHost(t, append([]byte{mode}, scenario...), op, n)
+					failed, _ := fuzzHost(t, data, op, n)
+					require.Positive(t, failed, "the fault did not fire")
 				})
 			}
 		}
+		t.Logf("mode %d: %d faults swept; calls without faults: %v", mode, swept, base)
+		require.Greater(t, swept, 100)
 	}
 }
