@@ -193,7 +193,15 @@ func (a *Allocator) checkEvents() error {
 		if a.streams[ss.stream] != ss {
 			return corrupt("stream %d listed but not mapped", ss.stream)
 		}
-		for _, pe := range ss.queue {
+		if ss.head < 0 || ss.head > len(ss.queue) || (ss.head > 0 && ss.head == len(ss.queue)) {
+			return corrupt("stream %d: queue head %d of %d", ss.stream, ss.head, len(ss.queue))
+		}
+		for _, pe := range ss.queue[:ss.head] {
+			if pe != (pendingEvent{}) {
+				return corrupt("stream %d: retired queue entry still holds event %d", ss.stream, pe.ev)
+			}
+		}
+		for _, pe := range ss.pending() {
 			if events[pe.ev] {
 				return corrupt("event %d pending twice", pe.ev)
 			}

@@ -51,7 +51,7 @@ func (a *Allocator) insertEvents(b *block) error {
 			a.idle[ss.dev] = append(a.idle[ss.dev], pe.ev)
 			continue
 		}
-		ss.queue = append(ss.queue, pe)
+		ss.push(pe)
 		b.events++
 		a.st.NumEventRecords++
 	}
@@ -89,12 +89,7 @@ func (a *Allocator) getEvent(dev int) (backend.Event, error) {
 // eventDone retires the oldest event of ss; the block it held is cached
 // once its last event is done. mu held.
 func (a *Allocator) eventDone(ss *streamState) {
-	pe := ss.queue[0]
-	ss.queue[0] = pendingEvent{}
-	ss.queue = ss.queue[1:]
-	if len(ss.queue) == 0 {
-		ss.queue = ss.queue[:0:0]
-	}
+	pe := ss.pop()
 	a.idle[ss.dev] = append(a.idle[ss.dev], pe.ev)
 	pe.b.events--
 	if pe.b.events == 0 {
@@ -109,8 +104,8 @@ func (a *Allocator) eventDone(ss *streamState) {
 // early). mu held.
 func (a *Allocator) processEvents() {
 	for _, ss := range a.slist {
-		for len(ss.queue) > 0 {
-			done, err := a.drv.EventQuery(ss.queue[0].ev)
+		for len(ss.pending()) > 0 {
+			done, err := a.drv.EventQuery(ss.pending()[0].ev)
 			if err != nil || !done {
 				break
 			}
@@ -123,8 +118,8 @@ func (a *Allocator) processEvents() {
 // waiting on them. It stops at the first failed wait. mu held.
 func (a *Allocator) synchronizeEvents() error {
 	for _, ss := range a.slist {
-		for len(ss.queue) > 0 {
-			if err := a.drv.EventSynchronize(ss.queue[0].ev); err != nil {
+		for len(ss.pending()) > 0 {
+			if err := a.drv.EventSynchronize(ss.pending()[0].ev); err != nil {
 				return err
 			}
 			a.eventDone(ss)

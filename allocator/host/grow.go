@@ -116,6 +116,9 @@ func (a *Allocator) forget(b *block) {
 func (a *Allocator) releaseCached(sync bool) error {
 	var errs []error
 	for c, l := range a.free {
+		if len(l) == 0 {
+			continue
+		}
 		kept := l[:0]
 		for _, b := range l {
 			if err := a.release(b, sync); err != nil {

@@ -91,7 +91,32 @@ func spanLess(x, y span) bool { return x.start < y.start }
 type streamState struct {
 	stream backend.Stream
 	dev    int
-	queue  []pendingEvent
+	queue  []pendingEvent // events recorded on the stream; the pending ones are queue[head:]
+	head   int            // index of the oldest pending event
+}
+
+// pending returns the stream's pending events, oldest first.
+func (ss *streamState) pending() []pendingEvent { return ss.queue[ss.head:] }
+
+// push appends pe, reusing the space of retired events when the queue is
+// full, so that steady state allocates nothing.
+func (ss *streamState) push(pe pendingEvent) {
+	if len(ss.queue) == cap(ss.queue) && ss.head > 0 {
+		n := copy(ss.queue, ss.queue[ss.head:])
+		clear(ss.queue[n:])
+		ss.queue, ss.head = ss.queue[:n], 0
+	}
+	ss.queue = append(ss.queue, pe)
+}
+
+// pop removes and returns the oldest pending event.
+func (ss *streamState) pop() pendingEvent {
+	pe := ss.queue[ss.head]
+	ss.queue[ss.head] = pendingEvent{}
+	if ss.head++; ss.head == len(ss.queue) {
+		ss.queue, ss.head = ss.queue[:0], 0
+	}
+	return pe
 }
 
 type pendingEvent struct {

@@ -69,7 +69,7 @@ func mustCheck(t testing.TB, a *Allocator, e *emulated.Emulator) {
 	regs += int(a.st.Registered.Current)
 	events := a.idleEvents()
 	for _, ss := range a.slist {
-		events += len(ss.queue)
+		events += len(ss.pending())
 	}
 	a.mu.Unlock()
 	l := e.Live()
