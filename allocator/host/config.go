@@ -36,7 +36,7 @@ func DefaultConfig() Config {
 
 // defaultDivisions is the measured choice (see the package doc, "Size
 // classes").
-const defaultDivisions = 4
+const defaultDivisions = 8
 
 // Validate reports the first invalid field, wrapping ErrInvalidConfig.
 func (c Config) Validate() error {

@@ -13,8 +13,8 @@ func TestParseConfig(t *testing.T) {
 		want Config
 		err  string
 	}{
-		{in: "", want: Config{RoundupDivisions: 4}},
-		{in: " pinned_use_host_register : True ", want: Config{UseHostRegister: true, RoundupDivisions: 4}},
+		{in: "", want: Config{RoundupDivisions: 8}},
+		{in: " pinned_use_host_register : True ", want: Config{UseHostRegister: true, RoundupDivisions: 8}},
 		{in: "pinned_use_host_register:0,pinned_roundup_power2_divisions:8", want: Config{RoundupDivisions: 8}},
 		{in: "pinned_roundup_power2_divisions:1,", want: Config{RoundupDivisions: 1}},
 		{in: "pinned_use_host_register:yes", err: `pinned_use_host_register: bad value "yes"`},

@@ -17,7 +17,7 @@ func Example() {
 	defer a.Close()
 	copies, _ := drv.StreamCreate(0)
 
-	buf, _ := a.Malloc(100 << 10)        // 100 KiB, served from a 112 KiB class
+	buf, _ := a.Malloc(100 << 10)        // 100 KiB, served from a 104 KiB class
 	_ = drv.Launch(copies, buf, 100<<10) // the copy reads buf, queued on stream copies
 	_ = a.RecordStream(buf, copies)
 	_ = a.Free(buf) // returns at once; buf waits for the copy
@@ -35,7 +35,7 @@ func Example() {
 	// Output:
 	// reused while the copy is queued: false
 	// reused after the copy: true
-	// blocks from the driver: 2, cache hits: 1, held: 224 KiB
+	// blocks from the driver: 2, cache hits: 1, held: 208 KiB
 }
 
 // ExampleAllocator_Register pins memory the program already owns and gets

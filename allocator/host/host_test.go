@@ -158,7 +158,7 @@ func TestCacheHitMakesNoDriverCall(t *testing.T) {
 			require.NoError(t, err)
 			require.NoError(t, a.Free(p))
 			before := e.CallCounts()
-			q, err := a.Malloc(99 * kib) // same class: 112 KiB
+			q, err := a.Malloc(99 * kib) // same class: 104 KiB
 			require.NoError(t, err)
 			assert.Equal(t, p, q)
 			require.NoError(t, a.Free(q))
@@ -166,9 +166,9 @@ func TestCacheHitMakesNoDriverCall(t *testing.T) {
 			st := a.Stats()
 			assert.Equal(t, int64(1), st.CacheHits)
 			assert.Equal(t, int64(1), st.NumHostAlloc)
-			assert.Equal(t, int64(112*kib), st.ReservedBytes.Current)
-			assert.Equal(t, int64(112*kib), st.AllocatedBytes.Peak)
-			assert.Equal(t, int64(2*112*kib), st.AllocatedBytes.Allocated)
+			assert.Equal(t, int64(104*kib), st.ReservedBytes.Current)
+			assert.Equal(t, int64(104*kib), st.AllocatedBytes.Peak)
+			assert.Equal(t, int64(2*104*kib), st.AllocatedBytes.Allocated)
 			assert.Zero(t, st.AllocatedBytes.Current)
 			mustCheck(t, a, e)
 		})
