@@ -85,7 +85,7 @@ func (a *Allocator) check() error {
 			want.Active.Add(1)
 			want.ActiveBytes.Add(int64(b.size))
 		}
-		if b.state == stateFreePending {
+		if b.state == stateFreePending && !b.orphan {
 			pendingBlocks++
 		}
 		return true
@@ -98,6 +98,18 @@ func (a *Allocator) check() error {
 	}
 	if pendingBlocks != a.pending {
 		return corrupt("%d free-pending blocks, counter says %d", pendingBlocks, a.pending)
+	}
+	orphans := make(map[*block]bool)
+	for _, b := range a.orphans {
+		if orphans[b] || !b.orphan || b.state != stateFreePending || a.blocks[b.ptr] != b {
+			return corrupt("quarantined block %#x: listed twice, unflagged, unknown or %v", b.ptr, b.state)
+		}
+		orphans[b] = true
+	}
+	for _, b := range a.blocks {
+		if b.orphan && !orphans[b] {
+			return corrupt("block %#x flagged quarantined but not listed", b.ptr)
+		}
 	}
 	if err := a.checkLists(); err != nil {
 		return err
@@ -138,7 +150,7 @@ func (a *Allocator) checkBlock(b *block, s span) error {
 			return corrupt("allocated block %#x: requested %d of %d bytes, %d events", b.ptr, b.req, b.size, b.events)
 		}
 	case stateFreePending:
-		if b.events <= 0 || b.req != 0 || len(b.uses) != 0 {
+		if (b.events <= 0) != b.orphan || b.req != 0 || len(b.uses) != 0 {
 			return corrupt("free-pending block %#x: %d events, requested %d, %d uses", b.ptr, b.events, b.req, len(b.uses))
 		}
 	case stateCached:
@@ -186,11 +198,14 @@ func (a *Allocator) checkLists() error {
 func (a *Allocator) checkEvents() error {
 	events := make(map[backend.Event]bool)
 	perBlock := make(map[*block]int)
-	if len(a.slist) != len(a.streams) {
-		return corrupt("%d streams listed, %d in the map", len(a.slist), len(a.streams))
-	}
+	gone := 0
 	for _, ss := range a.slist {
-		if a.streams[ss.stream] != ss {
+		if ss.gone {
+			gone++
+			if a.streams[ss.stream] == ss {
+				return corrupt("gone stream %d still mapped", ss.stream)
+			}
+		} else if a.streams[ss.stream] != ss {
 			return corrupt("stream %d listed but not mapped", ss.stream)
 		}
 		if ss.head < 0 || ss.head > len(ss.queue) || (ss.head > 0 && ss.head == len(ss.queue)) {
@@ -211,6 +226,9 @@ func (a *Allocator) checkEvents() error {
 			}
 			perBlock[pe.b]++
 		}
+	}
+	if gone != a.gone || len(a.slist)-gone != len(a.streams) {
+		return corrupt("%d streams listed (%d gone, counter %d), %d mapped", len(a.slist), gone, a.gone, len(a.streams))
 	}
 	for b, n := range perBlock {
 		if b.events != n {

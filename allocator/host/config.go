@@ -19,7 +19,7 @@ type Config struct {
 	// with HostRegister(MAPPED), undone with HostUnregister before it is
 	// unmapped, PyTorch's pinned_use_cuda_host_register. The second keeps
 	// the driver's pinned-memory allocator (and its lock) out of the way
-	// and gives every block a device address up front. Key:
+	// and maps every block for the device when it is made. Key:
 	// pinned_use_host_register, True or False.
 	UseHostRegister bool
 	// RoundupDivisions is how many size classes lie between consecutive

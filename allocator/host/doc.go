@@ -76,6 +76,21 @@
 // backend.DeviceSynchronizer) and, if that fails too, returns the error
 // with nothing changed.
 //
+// # Streams that disappear
+//
+// A stream recorded on a block may be destroyed before the block is freed;
+// its queued work still runs, but no event can be recorded on it and no
+// wait can name it. Free then quarantines the block (free-pending without
+// events, Stats.NumOrphaned) instead of failing or waiting, and forgets the
+// stream, so that RecordStream refuses it from then on. A quarantined block
+// is never reused until the allocator can wait for its work: when memory
+// runs out (rung 2 of the ladder below) or at Close, it waits for every
+// device where the driver can (backend.DeviceSynchronizer) and caches the
+// blocks; otherwise it gives MallocHost blocks back with
+// FreeHostWithDevSync, which waits for the device work that uses them.
+// Blocks of OS memory (pinned_use_host_register) have no such call: they
+// stay quarantined until Close, which releases them without waiting.
+//
 // # Device addresses
 //
 // DevicePointer returns the device address of a host address inside an

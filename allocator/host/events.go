@@ -2,6 +2,7 @@ package host
 
 import (
 	"errors"
+	"fmt"
 
 	"github.com/vmmalloc/vmmalloc/backend"
 )
@@ -18,7 +19,11 @@ func (a *Allocator) insertEvents(b *block) error {
 	var err error
 	rec := a.scratch[:0]
 	for _, u := range b.uses {
-		ss := a.streams[u] // RecordStream validated it
+		ss := a.streams[u] // RecordStream validated it, but it may be gone since
+		if ss == nil {
+			err = &streamGoneError{stream: u, err: fmt.Errorf("%w: stream %d no longer exists", ErrInvalidStream, u)}
+			break
+		}
 		ev, e := a.getEvent(ss.dev)
 		if e == nil {
 			if e = a.drv.EventRecord(ev, u); e == nil {
@@ -41,6 +46,7 @@ func (a *Allocator) insertEvents(b *block) error {
 			err = errors.Join(e, e2)
 			if errors.Is(e2, backend.ErrInvalidArgument) {
 				err = &streamGoneError{stream: u, err: err}
+				a.forgetStream(ss)
 			}
 			break
 		}
@@ -71,6 +77,30 @@ type streamGoneError struct {
 
 func (e *streamGoneError) Error() string { return e.err.Error() }
 func (e *streamGoneError) Unwrap() error { return e.err }
+
+// forgetStream drops a stream the driver no longer knows, so that
+// RecordStream validates it again; it stays listed while events recorded on
+// it before are pending. mu held.
+func (a *Allocator) forgetStream(ss *streamState) {
+	delete(a.streams, ss.stream)
+	ss.gone = true
+	a.gone++
+	a.dropDrainedStreams()
+}
+
+// dropDrainedStreams unlists gone streams without pending events. mu held.
+func (a *Allocator) dropDrainedStreams() {
+	kept := a.slist[:0]
+	for _, ss := range a.slist {
+		if !ss.gone || len(ss.pending()) > 0 {
+			kept = append(kept, ss)
+		} else {
+			a.gone--
+		}
+	}
+	clear(a.slist[len(kept):])
+	a.slist = kept
+}
 
 // getEvent takes an idle event of device dev or creates one. mu held.
 func (a *Allocator) getEvent(dev int) (backend.Event, error) {
@@ -112,6 +142,9 @@ func (a *Allocator) processEvents() {
 			a.eventDone(ss)
 		}
 	}
+	if a.gone > 0 {
+		a.dropDrainedStreams()
+	}
 }
 
 // synchronizeEvents waits for every pending event and caches the blocks
@@ -124,6 +157,9 @@ func (a *Allocator) synchronizeEvents() error {
 			}
 			a.eventDone(ss)
 		}
+	}
+	if a.gone > 0 {
+		a.dropDrainedStreams()
 	}
 	return nil
 }

@@ -87,7 +87,9 @@ func fuzzHost(t *testing.T, data []byte, faultOp backend.Op, faultN int) (failed
 	}
 	completed := func(s backend.Stream) int {
 		n, err := e.Pending(s)
-		require.NoError(t, err)
+		if err != nil { // destroyed, with no work left
+			return m.launched[s]
+		}
 		return m.launched[s] - n
 	}
 	pick := func(b byte) (uintptr, bool) {
@@ -161,6 +163,7 @@ func fuzzHost(t *testing.T, data []byte, faultOp backend.Op, faultN int) (failed
 			}
 			drop(p)
 			require.ErrorIs(t, a.Free(p), ErrDoubleFree)
+
 		case 4: // work on a stream, recorded
 			p, ok := pick(x)
 			if !ok {
@@ -172,8 +175,15 @@ func fuzzHost(t *testing.T, data []byte, faultOp backend.Op, faultN int) (failed
 				m.launched[s]++
 			}
 			require.NoError(t, a.RecordStream(p, s))
-		case 5: // work completes
+		case 5: // work completes, or the stream is destroyed and replaced
 			s := streams[int(x)%len(streams)]
+			if y == 255 {
+				require.NoError(t, e.StreamDestroy(s))
+				ns, err := e.StreamCreate(0)
+				require.NoError(t, err)
+				streams[int(x)%len(streams)] = ns
+				break
+			}
 			n, err := e.Pending(s)
 			require.NoError(t, err)
 			if n = min(n, int(y%4)+1); n > 0 {
@@ -234,6 +244,7 @@ func FuzzHostAllocator(f *testing.F) {
 	f.Add([]byte{8, 0, 3, 0, 0, 5, 0, 4, 0, 1, 7, 0, 9, 2, 0, 0, 6, 0, 0, 8, 1, 3, 9, 0, 0})
 	f.Add([]byte{9, 1, 2, 3, 0, 7, 7, 4, 0, 2, 8, 0, 4, 2, 1, 1, 6, 1, 1, 5, 2, 2, 0, 8, 0, 9, 3, 3})
 	f.Add([]byte{14, 0, 8, 0, 0, 8, 0, 0, 8, 0, 0, 8, 0, 2, 0, 0, 2, 0, 0, 2, 0, 0, 0, 7, 0})
+	f.Add([]byte{0, 0, 0, 0, 0, 0, 1, 4, 0, 0, 4, 1, 0, 5, 0, 255, 2, 0, 0, 4, 0, 0, 2, 0, 0, 9, 0, 0})
 	f.Fuzz(func(t *testing.T, data []byte) {
 		_, _ = fuzzHost(t, data, 0, 0)
 	})

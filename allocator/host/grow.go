@@ -11,7 +11,8 @@ import (
 // grow obtains a new block of class c (rounded bytes) for a request of size
 // bytes. When the driver is out of memory it climbs a ladder:
 //  1. release every cached block (events polled first) and retry;
-//  2. wait for the events of free-pending blocks, release them, and retry;
+//  2. wait for the events of free-pending blocks (and settle quarantined
+//     ones), release them, and retry;
 //  3. return an error wrapping ErrOutOfMemory and the driver's error.
 //
 // mu held.
@@ -21,14 +22,14 @@ func (a *Allocator) grow(rounded uint64, c int, size uint64) (*block, error) {
 		return b, err
 	}
 	a.processEvents()
-	if a.st.Segment.Current > 0 {
+	if a.st.Segment.Current > a.st.Active.Current { // some block is cached
 		_ = a.releaseCached(false) // what cannot be released stays cached
 		if b, err = a.obtain(rounded, c); err == nil || !errors.Is(err, backend.ErrOutOfMemory) {
 			return b, err
 		}
 	}
-	if a.pending > 0 {
-		if e := a.synchronizeEvents(); e == nil {
+	if a.pending > 0 || len(a.orphans) > 0 {
+		if e := errors.Join(a.synchronizeEvents(), a.settleOrphans(false)); e == nil {
 			_ = a.releaseCached(false)
 			if b, err = a.obtain(rounded, c); err == nil || !errors.Is(err, backend.ErrOutOfMemory) {
 				return b, err
@@ -155,11 +156,11 @@ func (a *Allocator) EmptyCache() error {
 func (a *Allocator) Close() error {
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	if a.closed && len(a.blocks) == 0 && a.spans.Len() == 0 && a.idleEvents() == 0 {
+	if a.closed && len(a.blocks) == 0 && a.spans.Len() == 0 && a.idleEvents() == 0 && len(a.orphans) == 0 {
 		return ErrClosed
 	}
 	a.closed = true
-	if err := a.synchronizeEvents(); err != nil {
+	if err := errors.Join(a.synchronizeEvents(), a.settleOrphans(true)); err != nil {
 		return err
 	}
 	var errs []error
@@ -207,6 +208,72 @@ func (a *Allocator) Close() error {
 		a.idle[dev] = l
 	}
 	return errors.Join(errs...)
+}
+
+// settleOrphans ends the quarantine of blocks freed after a stream recorded
+// on them disappeared: with a driver that can wait for a whole device
+// (backend.DeviceSynchronizer) it waits for every device and caches them;
+// otherwise MallocHost blocks go back to the driver through
+// FreeHostWithDevSync, which waits for the device work that uses them, and,
+// if closing, blocks of OS memory are cached for Close to release (nothing
+// can wait for their work: see the package doc). Blocks it cannot settle
+// stay quarantined. mu held.
+func (a *Allocator) settleOrphans(closing bool) error {
+	if len(a.orphans) == 0 {
+		return nil
+	}
+	if ds, ok := a.drv.(backend.DeviceSynchronizer); ok {
+		for dev := range a.idle {
+			if err := ds.DeviceSynchronize(dev); err != nil {
+				return err
+			}
+		}
+		for _, b := range a.orphans {
+			b.orphan = false
+			a.cache(b)
+		}
+		clear(a.orphans)
+		a.orphans = a.orphans[:0]
+		return nil
+	}
+	var errs []error
+	kept := a.orphans[:0]
+	for _, b := range a.orphans {
+		switch {
+		case b.mem == nil:
+			if err := a.freeWithDevSync(b); err != nil {
+				errs = append(errs, err)
+				kept = append(kept, b)
+			}
+		case closing:
+			b.orphan = false
+			a.cache(b)
+		default:
+			kept = append(kept, b)
+		}
+	}
+	clear(a.orphans[len(kept):])
+	a.orphans = kept
+	return errors.Join(errs...)
+}
+
+// freeWithDevSync gives quarantined MallocHost block b back to the driver
+// with FreeHostWithDevSync. On failure b stays quarantined. mu held.
+func (a *Allocator) freeWithDevSync(b *block) error {
+	if b.reg {
+		if err := a.hm.HostUnregister(b.ptr); err != nil {
+			return err
+		}
+		b.reg, b.devPtr = false, 0
+	}
+	if err := a.hm.FreeHostWithDevSync(b.ptr); err != nil {
+		return err
+	}
+	a.st.Active.Add(-1)
+	a.st.ActiveBytes.Add(-int64(b.size))
+	b.orphan = false
+	a.forget(b)
+	return nil
 }
 
 // sortedBlocks lists every block in address order. mu held.

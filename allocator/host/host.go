@@ -27,6 +27,8 @@ type Allocator struct {
 	slist     []*streamState                  // the same, in first-use order; mu
 	idle      [][]backend.Event               // recorded-and-done or never-recorded events per device; mu
 	pending   int                             // blocks in stateFreePending; mu
+	gone      int                             // streams in slist the driver no longer knows; mu
+	orphans   []*block                        // free-pending blocks whose recorded stream is gone; mu
 	st        Stats                           // mu
 	scratch   []pendingEvent                  // reusable buffer of insertEvents; mu
 	scratchSS []*streamState                  // the streams of scratch; mu
@@ -65,6 +67,7 @@ type block struct {
 	mem    []byte           // UseHostRegister: the OS mapping (nil with MallocHost)
 	uses   []backend.Stream // streams recorded on the current allocation; capacity kept for reuse
 	events int              // events still pending, while stateFreePending
+	orphan bool             // free-pending on a stream that no longer exists: in Allocator.orphans
 }
 
 // registration is a range the program owns and registered through Register.
@@ -93,6 +96,7 @@ type streamState struct {
 	dev    int
 	queue  []pendingEvent // events recorded on the stream; the pending ones are queue[head:]
 	head   int            // index of the oldest pending event
+	gone   bool           // the driver no longer knows the stream: out of Allocator.streams, listed until its queue drains
 }
 
 // pending returns the stream's pending events, oldest first.
@@ -145,6 +149,7 @@ type Stats struct {
 	NumEventRecords int64 // events recorded by Free
 	NumSyncFallback int64 // stream or device waits because an event could not be recorded
 	NumOOMs         int64 // Malloc calls that failed for lack of memory
+	NumOrphaned     int64 // blocks freed after a stream recorded on them was destroyed (quarantined)
 }
 
 // New creates a host allocator over drv, which must implement
@@ -230,9 +235,10 @@ func (a *Allocator) Malloc(size uint64) (uintptr, error) {
 // on the block (RecordStream), an event is recorded on each and the block
 // is reused only once they have all completed. If the driver cannot record
 // an event, Free waits for that stream instead (or, for a stream that no
-// longer exists, for its device, where the driver can, and failing that
-// gives the block back to the driver with FreeHostWithDevSync); if that
-// fails too, Free returns the error and nothing changes.
+// longer exists, for its device, where the driver can); if that fails too,
+// Free returns the error and nothing changes, except for a stream the driver
+// no longer knows: then the block is quarantined (see the package doc,
+// "Streams that disappear") and Free succeeds.
 func (a *Allocator) Free(ptr uintptr) error {
 	a.mu.Lock()
 	defer a.mu.Unlock()
@@ -246,10 +252,13 @@ func (a *Allocator) Free(ptr uintptr) error {
 	if len(b.uses) > 0 {
 		if err := a.insertEvents(b); err != nil {
 			var gone *streamGoneError
-			if !errors.As(err, &gone) || b.mem != nil {
+			if !errors.As(err, &gone) {
 				return err
 			}
-			return a.freeWithDevSync(b, err)
+			// No event can order the reuse: quarantine the block.
+			b.orphan = true
+			a.orphans = append(a.orphans, b)
+			a.st.NumOrphaned++
 		}
 	}
 	a.st.Allocation.Add(-1)
@@ -257,37 +266,15 @@ func (a *Allocator) Free(ptr uintptr) error {
 	a.st.RequestedBytes.Add(-int64(b.req))
 	b.req = 0
 	b.uses = b.uses[:0]
-	if b.events > 0 {
+	switch {
+	case b.orphan:
+		b.state = stateFreePending
+	case b.events > 0:
 		b.state = stateFreePending
 		a.pending++
-		return nil
+	default:
+		a.cache(b)
 	}
-	a.cache(b)
-	return nil
-}
-
-// freeWithDevSync gives allocated MallocHost block b back to the driver with
-// FreeHostWithDevSync, which waits for the device work that uses it: the
-// way out when a stream recorded on b no longer exists, so that neither an
-// event nor a stream wait can order its reuse (cause). On failure nothing
-// changes and both errors are returned. mu held.
-func (a *Allocator) freeWithDevSync(b *block, cause error) error {
-	if b.reg {
-		if err := a.hm.HostUnregister(b.ptr); err != nil {
-			return errors.Join(cause, err)
-		}
-		b.reg, b.devPtr = false, 0
-	}
-	if err := a.hm.FreeHostWithDevSync(b.ptr); err != nil {
-		return errors.Join(cause, err)
-	}
-	a.st.Allocation.Add(-1)
-	a.st.AllocatedBytes.Add(-int64(b.size))
-	a.st.RequestedBytes.Add(-int64(b.req))
-	a.st.Active.Add(-1)
-	a.st.ActiveBytes.Add(-int64(b.size))
-	b.req, b.uses = 0, nil
-	a.forget(b)
 	return nil
 }
 
@@ -482,7 +469,7 @@ func (a *Allocator) ResetAccumulatedStats() {
 		s.ResetAccumulated()
 	}
 	a.st.CacheHits, a.st.NumHostAlloc, a.st.NumHostFree = 0, 0, 0
-	a.st.NumEventsCreate, a.st.NumEventRecords, a.st.NumSyncFallback, a.st.NumOOMs = 0, 0, 0, 0
+	a.st.NumEventsCreate, a.st.NumEventRecords, a.st.NumSyncFallback, a.st.NumOOMs, a.st.NumOrphaned = 0, 0, 0, 0, 0
 }
 
 func (s *Stats) stats() []*stats.Stat {

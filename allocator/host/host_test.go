@@ -508,6 +508,29 @@ func TestOutOfMemoryLadder(t *testing.T) {
 	mustCheck(t, a, e)
 }
 
+// A request no driver can meet fails with ErrOutOfMemory and changes
+// nothing, in both block sources.
+func TestHugeRequestIsOutOfMemory(t *testing.T) {
+	for _, conf := range []string{"", "pinned_use_host_register:True"} {
+		t.Run(conf, func(t *testing.T) {
+			a, e := newHost(t, conf)
+			p, err := a.Malloc(4 * kib)
+			require.NoError(t, err)
+			require.NoError(t, a.Free(p)) // cached: the ladder releases it
+			for _, n := range []uint64{MaxSize, MaxSize - 1, 1 << 50} {
+				_, err := a.Malloc(n)
+				require.ErrorIs(t, err, ErrOutOfMemory, "%d bytes", n)
+				require.ErrorIs(t, err, backend.ErrOutOfMemory)
+			}
+			st := a.Stats()
+			assert.Equal(t, int64(3), st.NumOOMs)
+			assert.Zero(t, st.Segment.Current)
+			assert.Zero(t, st.Allocation.Current)
+			mustCheck(t, a, e)
+		})
+	}
+}
+
 // Many goroutines share one allocator; run with -race.
 func TestConcurrentUse(t *testing.T) {
 	a, e := newHost(t, "")
@@ -579,24 +602,74 @@ func TestConcurrentUse(t *testing.T) {
 }
 
 // A stream destroyed after RecordStream can be neither recorded on nor
-// waited for: Free gives the block back with FreeHostWithDevSync, which
-// completes the work that still uses it, instead of failing for ever.
+// waited for: Free quarantines the block without waiting, and the block is
+// given back with FreeHostWithDevSync, which completes the work that still
+// uses it, when memory runs out or at Close.
 func TestFreeAfterStreamDestroyed(t *testing.T) {
-	a, e := newHost(t, "", emulated.WithManualCompletion())
+	a, e := newHost(t, "", emulated.WithManualCompletion(), emulated.WithHostCapacity(64*kib))
 	s, err := e.StreamCreate(0)
 	require.NoError(t, err)
 	p, err := a.Malloc(8 * kib)
 	require.NoError(t, err)
 	_, err = a.DevicePointer(p) // registered: must be undone before the free
 	require.NoError(t, err)
+	q, err := a.Malloc(8 * kib)
+	require.NoError(t, err)
 	require.NoError(t, e.Launch(s, p, 8*kib))
+	require.NoError(t, e.Launch(s, q, 8*kib))
 	require.NoError(t, a.RecordStream(p, s))
+	require.NoError(t, a.RecordStream(q, s))
 	require.NoError(t, e.StreamDestroy(s))
 	require.NoError(t, a.Free(p))
 	st := a.Stats()
-	assert.Zero(t, st.Segment.Current)
-	assert.Zero(t, st.Active.Current)
+	assert.Equal(t, int64(2), st.Active.Current, "p quarantined, q allocated")
+	assert.Equal(t, int64(1), st.NumOrphaned)
 	assert.Equal(t, int64(1), st.NumSyncFallback)
-	assert.Zero(t, e.Live().PendingWork, "FreeHostWithDevSync completed the work")
+	assert.Equal(t, 2, e.Live().PendingWork, "Free did not wait")
+	require.ErrorIs(t, a.Free(p), ErrDoubleFree)
 	mustCheck(t, a, e)
+	// The allocator has forgotten s: RecordStream refuses it, and q's Free
+	// finds it gone without asking the driver to record on it.
+	r, err := a.Malloc(8 * kib)
+	require.NoError(t, err)
+	require.ErrorIs(t, a.RecordStream(r, s), ErrInvalidStream)
+	require.NoError(t, a.Free(r))
+	records := e.Calls(backend.OpEventRecord)
+	require.NoError(t, a.Free(q))
+	assert.Equal(t, records, e.Calls(backend.OpEventRecord))
+	assert.Equal(t, int64(2), a.Stats().NumOrphaned)
+	mustCheck(t, a, e)
+	// Out of memory: the quarantined blocks go back through
+	// FreeHostWithDevSync (r, cached, is released too).
+	big, err := a.Malloc(64 * kib)
+	require.NoError(t, err)
+	assert.Zero(t, e.Live().PendingWork)
+	assert.Empty(t, e.Violations())
+	st = a.Stats()
+	assert.Equal(t, int64(1), st.Segment.Current)
+	assert.Equal(t, int64(1), st.Active.Current)
+	require.NoError(t, a.Free(big))
+	mustCheck(t, a, e)
+}
+
+// In pinned_use_host_register mode nothing can wait for the work of a
+// destroyed stream on OS memory, so a quarantined block is never reused and
+// is released only at Close.
+func TestQuarantinedOSMemoryWaitsForClose(t *testing.T) {
+	a, e := newHost(t, "pinned_use_host_register:True")
+	s, err := e.StreamCreate(0)
+	require.NoError(t, err)
+	p, err := a.Malloc(8 * kib)
+	require.NoError(t, err)
+	require.NoError(t, a.RecordStream(p, s))
+	require.NoError(t, e.StreamDestroy(s))
+	require.NoError(t, a.Free(p))
+	require.NoError(t, a.EmptyCache())
+	q, err := a.Malloc(8 * kib)
+	require.NoError(t, err)
+	assert.NotEqual(t, p, q)
+	assert.Equal(t, int64(2), a.Stats().Segment.Current)
+	mustCheck(t, a, e)
+	require.NoError(t, a.Close())
+	assertNothingHeld(t, e)
 }
