@@ -2,6 +2,7 @@ package host
 
 import (
 	"errors"
+	"fmt"
 	"math"
 	"math/rand/v2"
 	"sync"
@@ -672,4 +673,102 @@ func TestQuarantinedOSMemoryWaitsForClose(t *testing.T) {
 	mustCheck(t, a, e)
 	require.NoError(t, a.Close())
 	assertNothingHeld(t, e)
+}
+
+// Goroutines free blocks recorded on held streams while another completes
+// the streams' work: stream-ordered reuse under concurrency (run with
+// -race). No block may be handed out while work queued on it is pending.
+func TestConcurrentStreamOrderedReuse(t *testing.T) {
+	a, e := newHost(t, "", emulated.WithManualCompletion())
+	var streams []backend.Stream
+	for i := 0; i < 3; i++ {
+		s, err := e.StreamCreate(0)
+		require.NoError(t, err)
+		streams = append(streams, s)
+	}
+	// inUse counts, per block address, the work items queued on it and not
+	// yet known complete; guarded by mu.
+	var mu sync.Mutex
+	inUse := map[uintptr]int{}
+	type item struct {
+		p uintptr
+		s backend.Stream
+	}
+	var queued []item // launched work in launch order per stream; guarded by mu
+	stop := make(chan struct{})
+	done := make(chan struct{})
+	go func() { // the device: completes one stream's work from time to time
+		defer close(done)
+		for i := 0; ; i++ {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			s := streams[i%len(streams)]
+			mu.Lock()
+			if err := e.Complete(s); err == nil {
+				kept := queued[:0]
+				for _, it := range queued {
+					if it.s == s {
+						inUse[it.p]--
+					} else {
+						kept = append(kept, it)
+					}
+				}
+				queued = kept
+			}
+			mu.Unlock()
+		}
+	}()
+	var wg sync.WaitGroup
+	errs := make(chan error, 4)
+	for g := 0; g < 4; g++ {
+		wg.Add(1)
+		go func(g int) {
+			defer wg.Done()
+			r := rand.New(rand.NewPCG(uint64(g), 9))
+			for i := 0; i < 300; i++ {
+				p, err := a.Malloc(uint64(1+r.IntN(4)) * 16 * kib)
+				if err != nil {
+					errs <- err
+					return
+				}
+				mu.Lock()
+				busy := inUse[p]
+				s := streams[r.IntN(len(streams))]
+				err = e.Launch(s, p, 4*kib)
+				if err == nil {
+					inUse[p]++
+					queued = append(queued, item{p, s})
+				}
+				mu.Unlock()
+				if busy > 0 {
+					errs <- fmt.Errorf("block %#x handed out with %d work items pending", p, busy)
+					return
+				}
+				if err == nil {
+					err = a.RecordStream(p, s)
+				}
+				if err == nil {
+					err = a.Free(p)
+				}
+				if err != nil {
+					errs <- err
+					return
+				}
+			}
+		}(g)
+	}
+	wg.Wait()
+	close(stop)
+	<-done
+	close(errs)
+	for err := range errs {
+		require.NoError(t, err)
+	}
+	require.NoError(t, e.CompleteAll())
+	require.NoError(t, a.EmptyCache())
+	mustCheck(t, a, e)
+	assert.Zero(t, a.Stats().Segment.Current)
 }
