@@ -13,8 +13,9 @@ import (
 // to the peak number of pending events and no more). If an event cannot be
 // created or recorded, it waits for the stream instead, and for a stream
 // the driver no longer knows, for its device (backend.DeviceSynchronizer).
-// If that fails too (a *streamGoneError when the stream is gone), every event taken goes back to the pool and the error
-// is returned with b unchanged. mu held.
+// If that fails too, every event taken goes back to the pool and the error
+// (a *streamGoneError when the driver no longer knows the stream, which is
+// then forgotten) is returned with b unchanged. mu held.
 func (a *Allocator) insertEvents(b *block) error {
 	var err error
 	rec := a.scratch[:0]

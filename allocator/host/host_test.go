@@ -772,3 +772,24 @@ func TestConcurrentStreamOrderedReuse(t *testing.T) {
 	mustCheck(t, a, e)
 	assert.Zero(t, a.Stats().Segment.Current)
 }
+
+// What only the driver knows, such as a range registered behind the
+// allocator's back, comes back as the driver's *backend.Error, and changes
+// nothing.
+func TestRegisterDriverRefusal(t *testing.T) {
+	a, e := newHost(t, "")
+	p := mmapPages(t, 16*kib)
+	require.NoError(t, e.HostRegister(p+4*kib, 4*kib, backend.HostRegisterPinned))
+	defer func() { require.NoError(t, e.HostUnregister(p+4*kib)) }()
+	before := a.Stats()
+	err := a.Register(p, 16*kib, backend.HostRegisterMapped)
+	var be *backend.Error
+	require.True(t, errors.As(err, &be), "%v", err)
+	assert.Equal(t, backend.OpHostRegister, be.Op)
+	assert.Equal(t, "R19", be.Rule)
+	require.ErrorIs(t, err, backend.ErrInvalidArgument)
+	assert.Equal(t, before, a.Stats())
+	_, err = a.DevicePointer(p)
+	require.ErrorIs(t, err, ErrUnknownPointer)
+	require.NoError(t, a.Check())
+}
