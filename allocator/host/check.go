@@ -1,0 +1,272 @@
+package host
+
+import (
+	"fmt"
+
+	"github.com/vmmalloc/vmmalloc/backend"
+	"github.com/vmmalloc/vmmalloc/stats"
+)
+
+// Check verifies the allocator's invariants against a slow recount and
+// returns the first violation found, wrapping ErrCorrupt:
+//   - the address index holds exactly the blocks and registrations, without
+//     overlap, and the block map exactly the blocks;
+//   - every block's size is its class size; the free lists hold exactly the
+//     cached blocks, each once, in their class;
+//   - free-pending blocks are exactly those with events, and each block's
+//     event count equals its entries in the stream queues; no event is both
+//     idle and pending, or pending twice;
+//   - the statistics' current values equal the recount.
+//
+// It then compares device addresses with the driver: for every block the
+// allocator has registered and every mapped registration whose device
+// address is known, HostGetDevicePointer must return the same address.
+// It walks everything: use it in tests, not on a hot path.
+func (a *Allocator) Check() error {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if err := a.check(); err != nil {
+		return err
+	}
+	return a.checkDriver()
+}
+
+func corrupt(format string, args ...any) error {
+	return fmt.Errorf("%w: %s", ErrCorrupt, fmt.Sprintf(format, args...))
+}
+
+func (a *Allocator) check() error {
+	var want Stats
+	var prevEnd uintptr
+	first := true
+	nBlocks := 0
+	pendingBlocks := 0
+	var err error
+	a.spans.Ascend(func(s span) bool {
+		switch {
+		case s.end <= s.start:
+			err = corrupt("span at %#x is empty or wraps (end %#x)", s.start, s.end)
+		case (s.b == nil) == (s.r == nil):
+			err = corrupt("span at %#x must hold exactly one block or registration", s.start)
+		case !first && s.start < prevEnd:
+			err = corrupt("span at %#x overlaps the one before, which ends at %#x", s.start, prevEnd)
+		}
+		if err != nil {
+			return false
+		}
+		first, prevEnd = false, s.end
+		if r := s.r; r != nil {
+			if r.ptr != s.start || s.end-s.start != uintptr(r.size) || r.ptr%pageSize != 0 {
+				err = corrupt("registration %#x+%d indexed as [%#x,%#x)", r.ptr, r.size, s.start, s.end)
+				return false
+			}
+			if r.flags != backend.HostRegisterMapped && (r.flags != backend.HostRegisterPinned || r.devPtr != 0) {
+				err = corrupt("registration %#x has flags %#x and device address %#x", r.ptr, uint32(r.flags), r.devPtr)
+				return false
+			}
+			want.Registered.Add(1)
+			want.RegisteredBytes.Add(int64(r.size))
+			return true
+		}
+		b := s.b
+		nBlocks++
+		if err = a.checkBlock(b, s); err != nil {
+			return false
+		}
+		want.Segment.Add(1)
+		want.ReservedBytes.Add(int64(b.size))
+		switch b.state {
+		case stateAllocated:
+			want.Allocation.Add(1)
+			want.AllocatedBytes.Add(int64(b.size))
+			want.RequestedBytes.Add(int64(b.req))
+			fallthrough
+		case stateFreePending:
+			want.Active.Add(1)
+			want.ActiveBytes.Add(int64(b.size))
+		}
+		if b.state == stateFreePending && !b.orphan {
+			pendingBlocks++
+		}
+		return true
+	})
+	if err != nil {
+		return err
+	}
+	if nBlocks != len(a.blocks) {
+		return corrupt("%d blocks indexed by address, %d in the block map", nBlocks, len(a.blocks))
+	}
+	if pendingBlocks != a.pending {
+		return corrupt("%d free-pending blocks, counter says %d", pendingBlocks, a.pending)
+	}
+	orphans := make(map[*block]bool)
+	for _, b := range a.orphans {
+		if orphans[b] || !b.orphan || b.state != stateFreePending || a.blocks[b.ptr] != b {
+			return corrupt("quarantined block %#x: listed twice, unflagged, unknown or %v", b.ptr, b.state)
+		}
+		orphans[b] = true
+	}
+	for _, b := range a.blocks {
+		if b.orphan && !orphans[b] {
+			return corrupt("block %#x flagged quarantined but not listed", b.ptr)
+		}
+	}
+	if err := a.checkLists(); err != nil {
+		return err
+	}
+	if err := a.checkEvents(); err != nil {
+		return err
+	}
+	got := []stats.Stat{a.st.Allocation, a.st.AllocatedBytes, a.st.RequestedBytes, a.st.Active, a.st.ActiveBytes,
+		a.st.Segment, a.st.ReservedBytes, a.st.Registered, a.st.RegisteredBytes}
+	names := []string{"allocation", "allocated_bytes", "requested_bytes", "active", "active_bytes",
+		"segment", "reserved_bytes", "registered", "registered_bytes"}
+	for i, w := range want.stats() {
+		g := got[i]
+		if g.Current != w.Current {
+			return corrupt("%s.current is %d, recount %d", names[i], g.Current, w.Current)
+		}
+		if g.Peak < g.Current || g.Current < 0 {
+			return corrupt("%s: peak %d below current %d, or current negative", names[i], g.Peak, g.Current)
+		}
+	}
+	return nil
+}
+
+// checkBlock checks one block against its index entry. mu held.
+func (a *Allocator) checkBlock(b *block, s span) error {
+	if a.blocks[b.ptr] != b {
+		return corrupt("block %#x indexed by address but not in the block map", b.ptr)
+	}
+	if b.ptr != s.start || s.end-s.start != uintptr(b.size) || b.ptr%pageSize != 0 {
+		return corrupt("block %#x+%d indexed as [%#x,%#x)", b.ptr, b.size, s.start, s.end)
+	}
+	if size, c := a.classes.round(b.size); size != b.size || c != b.class {
+		return corrupt("block %#x: %d bytes in class %d, but that size is class %d of %d bytes", b.ptr, b.size, b.class, c, size)
+	}
+	switch b.state {
+	case stateAllocated:
+		if b.req == 0 || b.req > b.size || b.events != 0 {
+			return corrupt("allocated block %#x: requested %d of %d bytes, %d events", b.ptr, b.req, b.size, b.events)
+		}
+	case stateFreePending:
+		if (b.events <= 0) != b.orphan || b.req != 0 || len(b.uses) != 0 {
+			return corrupt("free-pending block %#x: %d events, requested %d, %d uses", b.ptr, b.events, b.req, len(b.uses))
+		}
+	case stateCached:
+		if b.events != 0 || b.req != 0 || len(b.uses) != 0 {
+			return corrupt("cached block %#x: %d events, requested %d, %d uses", b.ptr, b.events, b.req, len(b.uses))
+		}
+	default:
+		return corrupt("block %#x in state %v", b.ptr, b.state)
+	}
+	if a.cfg.UseHostRegister != (b.mem != nil) || (b.mem != nil && !b.reg) {
+		return corrupt("block %#x: OS memory %v, registered %v, with UseHostRegister %v", b.ptr, b.mem != nil, b.reg, a.cfg.UseHostRegister)
+	}
+	if b.devPtr != 0 && !b.reg {
+		return corrupt("block %#x has device address %#x but no registration", b.ptr, b.devPtr)
+	}
+	return nil
+}
+
+// checkLists checks that the free lists hold exactly the cached blocks. mu
+// held.
+func (a *Allocator) checkLists() error {
+	seen := make(map[*block]bool)
+	for c, l := range a.free {
+		for _, b := range l {
+			switch {
+			case b == nil:
+				return corrupt("nil block in free list %d", c)
+			case seen[b]:
+				return corrupt("block %#x twice in the free lists", b.ptr)
+			case b.class != c || b.state != stateCached || a.blocks[b.ptr] != b:
+				return corrupt("block %#x (class %d, %v) in free list %d", b.ptr, b.class, b.state, c)
+			}
+			seen[b] = true
+		}
+	}
+	for _, b := range a.blocks {
+		if b.state == stateCached && !seen[b] {
+			return corrupt("cached block %#x is in no free list", b.ptr)
+		}
+	}
+	return nil
+}
+
+// checkEvents checks the stream queues and the idle events. mu held.
+func (a *Allocator) checkEvents() error {
+	events := make(map[backend.Event]bool)
+	perBlock := make(map[*block]int)
+	gone := 0
+	for _, ss := range a.slist {
+		if ss.gone {
+			gone++
+			if a.streams[ss.stream] == ss {
+				return corrupt("gone stream %d still mapped", ss.stream)
+			}
+		} else if a.streams[ss.stream] != ss {
+			return corrupt("stream %d listed but not mapped", ss.stream)
+		}
+		if ss.head < 0 || ss.head > len(ss.queue) || (ss.head > 0 && ss.head == len(ss.queue)) {
+			return corrupt("stream %d: queue head %d of %d", ss.stream, ss.head, len(ss.queue))
+		}
+		for _, pe := range ss.queue[:ss.head] {
+			if pe != (pendingEvent{}) {
+				return corrupt("stream %d: retired queue entry still holds event %d", ss.stream, pe.ev)
+			}
+		}
+		for _, pe := range ss.pending() {
+			if events[pe.ev] {
+				return corrupt("event %d pending twice", pe.ev)
+			}
+			events[pe.ev] = true
+			if pe.b.state != stateFreePending || a.blocks[pe.b.ptr] != pe.b {
+				return corrupt("event %d on stream %d holds block %#x in state %v", pe.ev, ss.stream, pe.b.ptr, pe.b.state)
+			}
+			perBlock[pe.b]++
+		}
+	}
+	if gone != a.gone || len(a.slist)-gone != len(a.streams) {
+		return corrupt("%d streams listed (%d gone, counter %d), %d mapped", len(a.slist), gone, a.gone, len(a.streams))
+	}
+	for b, n := range perBlock {
+		if b.events != n {
+			return corrupt("block %#x counts %d events, %d are queued", b.ptr, b.events, n)
+		}
+	}
+	for dev, l := range a.idle {
+		for _, ev := range l {
+			if events[ev] {
+				return corrupt("event %d of device %d both idle and pending", ev, dev)
+			}
+			events[ev] = true
+		}
+	}
+	return nil
+}
+
+// checkDriver compares known device addresses with the driver's. mu held.
+func (a *Allocator) checkDriver() error {
+	var err error
+	a.spans.Ascend(func(s span) bool {
+		var p, want uintptr
+		switch {
+		case s.b != nil && s.b.devPtr != 0:
+			p, want = s.b.ptr, s.b.devPtr
+		case s.r != nil && s.r.devPtr != 0:
+			p, want = s.r.ptr, s.r.devPtr
+		default:
+			return true
+		}
+		got, e := a.hm.HostGetDevicePointer(p)
+		switch {
+		case e != nil:
+			err = fmt.Errorf("%w: driver: HostGetDevicePointer(%#x): %w", ErrCorrupt, p, e)
+		case got != want:
+			err = corrupt("driver maps %#x at device address %#x, allocator says %#x", p, got, want)
+		}
+		return err == nil
+	})
+	return err
+}

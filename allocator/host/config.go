@@ -1,0 +1,119 @@
+package host
+
+import (
+	"fmt"
+	"os"
+	"strconv"
+	"strings"
+)
+
+// EnvVar is the environment variable ConfigFromEnv reads.
+const EnvVar = "VMMALLOC_HOST_CONF"
+
+// Config is the host allocator's policy. The zero value is not valid; start
+// from DefaultConfig or ParseConfig.
+type Config struct {
+	// UseHostRegister selects where pinned blocks come from: false (the
+	// default) asks the driver for pinned memory (MallocHost / FreeHost);
+	// true maps anonymous memory from the operating system and pins it
+	// with HostRegister(MAPPED), undone with HostUnregister before it is
+	// unmapped, PyTorch's pinned_use_cuda_host_register. The second keeps
+	// the driver's pinned-memory allocator (and its lock) out of the way
+	// and maps every block for the device when it is made. Key:
+	// pinned_use_host_register, True or False.
+	UseHostRegister bool
+	// RoundupDivisions is how many size classes lie between consecutive
+	// powers of two above 4 KiB: 1 (PyTorch's power-of-two classes), 2, 4
+	// or 8. More classes waste less memory per block but let fewer freed
+	// blocks serve a request. Key: pinned_roundup_power2_divisions.
+	RoundupDivisions int
+}
+
+// DefaultConfig is the configuration an empty string parses to.
+func DefaultConfig() Config {
+	return Config{RoundupDivisions: defaultDivisions}
+}
+
+// defaultDivisions is the measured choice (see the package doc, "Size
+// classes").
+const defaultDivisions = 8
+
+// Validate reports the first invalid field, wrapping ErrInvalidConfig.
+func (c Config) Validate() error {
+	switch c.RoundupDivisions {
+	case 1, 2, 4, 8:
+	default:
+		return fmt.Errorf("%w: RoundupDivisions: %d, want 1, 2, 4 or 8", ErrInvalidConfig, c.RoundupDivisions)
+	}
+	if c.UseHostRegister && !canMapAnonymous {
+		return fmt.Errorf("%w: pinned_use_host_register: this operating system has no anonymous mmap", ErrInvalidConfig)
+	}
+	return nil
+}
+
+// String formats c as a string ParseConfig reads back.
+func (c Config) String() string {
+	reg := "False"
+	if c.UseHostRegister {
+		reg = "True"
+	}
+	return fmt.Sprintf("pinned_use_host_register:%s,pinned_roundup_power2_divisions:%d", reg, c.RoundupDivisions)
+}
+
+// ConfigFromEnv parses $VMMALLOC_HOST_CONF over DefaultConfig.
+func ConfigFromEnv() (Config, error) { return ParseConfig(os.Getenv(EnvVar)) }
+
+// ParseConfig parses comma-separated key:value pairs, the form of
+// VMMALLOC_CONF and PYTORCH_CUDA_ALLOC_CONF, over DefaultConfig. An unknown
+// key or a bad value is an error wrapping ErrInvalidConfig that names it.
+func ParseConfig(s string) (Config, error) {
+	c := DefaultConfig()
+	for _, kv := range strings.Split(s, ",") {
+		kv = strings.TrimSpace(kv)
+		if kv == "" {
+			continue
+		}
+		k, v, ok := strings.Cut(kv, ":")
+		k, v = strings.TrimSpace(k), strings.TrimSpace(v)
+		if !ok || v == "" {
+			return Config{}, fmt.Errorf("%w: %q has no value (want key:value)", ErrInvalidConfig, k)
+		}
+		if err := c.set(k, v); err != nil {
+			return Config{}, err
+		}
+	}
+	if err := c.Validate(); err != nil {
+		return Config{}, err
+	}
+	return c, nil
+}
+
+func badValue(k, v, why string) error {
+	return fmt.Errorf("%w: %s: bad value %q: %s", ErrInvalidConfig, k, v, why)
+}
+
+func (c *Config) set(k, v string) error {
+	switch k {
+	case "pinned_use_host_register":
+		switch strings.ToLower(v) {
+		case "true", "1":
+			c.UseHostRegister = true
+		case "false", "0":
+			c.UseHostRegister = false
+		default:
+			return badValue(k, v, "want True or False")
+		}
+	case "pinned_roundup_power2_divisions":
+		n, err := strconv.Atoi(v)
+		if err != nil || (n != 1 && n != 2 && n != 4 && n != 8) {
+			return badValue(k, v, "want 1, 2, 4 or 8")
+		}
+		c.RoundupDivisions = n
+	case "pinned_num_register_threads":
+		return fmt.Errorf("%w: %s: not supported: a block is pinned by one HostRegister call, so that it has one contiguous device address; "+
+			"PyTorch's threads only pre-fault the pages of a malloc'd buffer before that call", ErrInvalidConfig, k)
+	default:
+		return fmt.Errorf("%w: unknown key %q", ErrInvalidConfig, k)
+	}
+	return nil
+}

@@ -1,0 +1,166 @@
+package host
+
+import (
+	"errors"
+	"fmt"
+
+	"github.com/vmmalloc/vmmalloc/backend"
+)
+
+// insertEvents records an event on every stream in b.uses, so that b is
+// reused only once they complete. An event comes from the idle pool of the
+// stream's device, or is created when the pool is empty (so the pool grows
+// to the peak number of pending events and no more). If an event cannot be
+// created or recorded, it waits for the stream instead, and for a stream
+// the driver no longer knows, for its device (backend.DeviceSynchronizer).
+// If that fails too, every event taken goes back to the pool and the error
+// (a *streamGoneError when the driver no longer knows the stream, which is
+// then forgotten) is returned with b unchanged. mu held.
+func (a *Allocator) insertEvents(b *block) error {
+	var err error
+	rec := a.scratch[:0]
+	for _, u := range b.uses {
+		ss := a.streams[u] // RecordStream validated it, but it may be gone since
+		if ss == nil {
+			err = &streamGoneError{stream: u, err: fmt.Errorf("%w: stream %d no longer exists", ErrInvalidStream, u)}
+			break
+		}
+		ev, e := a.getEvent(ss.dev)
+		if e == nil {
+			if e = a.drv.EventRecord(ev, u); e == nil {
+				rec = append(rec, pendingEvent{ev: ev, b: b})
+				a.scratchSS = append(a.scratchSS, ss)
+				continue
+			}
+			a.idle[ss.dev] = append(a.idle[ss.dev], ev)
+		}
+		a.st.NumSyncFallback++
+		e2 := a.drv.StreamSynchronize(u)
+		if ds, ok := a.drv.(backend.DeviceSynchronizer); ok && e2 != nil && errors.Is(e2, backend.ErrInvalidArgument) {
+			if e3 := ds.DeviceSynchronize(ss.dev); e3 == nil {
+				e2 = nil
+			} else {
+				e2 = errors.Join(e2, e3)
+			}
+		}
+		if e2 != nil {
+			err = errors.Join(e, e2)
+			if errors.Is(e2, backend.ErrInvalidArgument) {
+				err = &streamGoneError{stream: u, err: err}
+				a.forgetStream(ss)
+			}
+			break
+		}
+	}
+	for i, pe := range rec {
+		ss := a.scratchSS[i]
+		if err != nil {
+			a.idle[ss.dev] = append(a.idle[ss.dev], pe.ev)
+			continue
+		}
+		ss.push(pe)
+		b.events++
+		a.st.NumEventRecords++
+	}
+	clear(rec)
+	clear(a.scratchSS)
+	a.scratch = rec[:0]
+	a.scratchSS = a.scratchSS[:0]
+	return err
+}
+
+// streamGoneError reports that insertEvents could neither record an event
+// on a stream nor wait for it, because the driver no longer knows it.
+type streamGoneError struct {
+	stream backend.Stream
+	err    error
+}
+
+func (e *streamGoneError) Error() string { return e.err.Error() }
+func (e *streamGoneError) Unwrap() error { return e.err }
+
+// forgetStream drops a stream the driver no longer knows, so that
+// RecordStream validates it again; it stays listed while events recorded on
+// it before are pending. mu held.
+func (a *Allocator) forgetStream(ss *streamState) {
+	delete(a.streams, ss.stream)
+	ss.gone = true
+	a.gone++
+	a.dropDrainedStreams()
+}
+
+// dropDrainedStreams unlists gone streams without pending events. mu held.
+func (a *Allocator) dropDrainedStreams() {
+	kept := a.slist[:0]
+	for _, ss := range a.slist {
+		if !ss.gone || len(ss.pending()) > 0 {
+			kept = append(kept, ss)
+		} else {
+			a.gone--
+		}
+	}
+	clear(a.slist[len(kept):])
+	a.slist = kept
+}
+
+// getEvent takes an idle event of device dev or creates one. mu held.
+func (a *Allocator) getEvent(dev int) (backend.Event, error) {
+	if l := a.idle[dev]; len(l) > 0 {
+		ev := l[len(l)-1]
+		a.idle[dev] = l[:len(l)-1]
+		return ev, nil
+	}
+	ev, err := a.drv.EventCreate(dev)
+	if err == nil {
+		a.st.NumEventsCreate++
+	}
+	return ev, err
+}
+
+// eventDone retires the oldest event of ss; the block it held is cached
+// once its last event is done. mu held.
+func (a *Allocator) eventDone(ss *streamState) {
+	pe := ss.pop()
+	a.idle[ss.dev] = append(a.idle[ss.dev], pe.ev)
+	pe.b.events--
+	if pe.b.events == 0 {
+		a.pending--
+		a.cache(pe.b)
+	}
+}
+
+// processEvents retires completed events without waiting: each stream's
+// queue is polled oldest first and polling stops at the first event not yet
+// complete, or whose query fails (a failed query never frees a block
+// early). mu held.
+func (a *Allocator) processEvents() {
+	for _, ss := range a.slist {
+		for len(ss.pending()) > 0 {
+			done, err := a.drv.EventQuery(ss.pending()[0].ev)
+			if err != nil || !done {
+				break
+			}
+			a.eventDone(ss)
+		}
+	}
+	if a.gone > 0 {
+		a.dropDrainedStreams()
+	}
+}
+
+// synchronizeEvents waits for every pending event and caches the blocks
+// waiting on them. It stops at the first failed wait. mu held.
+func (a *Allocator) synchronizeEvents() error {
+	for _, ss := range a.slist {
+		for len(ss.pending()) > 0 {
+			if err := a.drv.EventSynchronize(ss.pending()[0].ev); err != nil {
+				return err
+			}
+			a.eventDone(ss)
+		}
+	}
+	if a.gone > 0 {
+		a.dropDrainedStreams()
+	}
+	return nil
+}

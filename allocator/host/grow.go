@@ -1,0 +1,297 @@
+package host
+
+import (
+	"errors"
+	"fmt"
+	"unsafe"
+
+	"github.com/vmmalloc/vmmalloc/backend"
+)
+
+// grow obtains a new block of class c (rounded bytes) for a request of size
+// bytes. When the driver is out of memory it climbs a ladder:
+//  1. release every cached block (events polled first) and retry;
+//  2. wait for the events of free-pending blocks (and settle quarantined
+//     ones), release them, and retry;
+//  3. return an error wrapping ErrOutOfMemory and the driver's error.
+//
+// mu held.
+func (a *Allocator) grow(rounded uint64, c int, size uint64) (*block, error) {
+	b, err := a.obtain(rounded, c)
+	if err == nil || !errors.Is(err, backend.ErrOutOfMemory) {
+		return b, err
+	}
+	a.processEvents()
+	if a.st.Segment.Current > a.st.Active.Current { // some block is cached
+		_ = a.releaseCached(false) // what cannot be released stays cached
+		if b, err = a.obtain(rounded, c); err == nil || !errors.Is(err, backend.ErrOutOfMemory) {
+			return b, err
+		}
+	}
+	if a.pending > 0 || len(a.orphans) > 0 {
+		if e := errors.Join(a.synchronizeEvents(), a.settleOrphans(false)); e == nil {
+			_ = a.releaseCached(false)
+			if b, err = a.obtain(rounded, c); err == nil || !errors.Is(err, backend.ErrOutOfMemory) {
+				return b, err
+			}
+		}
+	}
+	a.st.NumOOMs++
+	return nil, fmt.Errorf("%w: %d bytes requested (%d-byte class); %d bytes held, %d allocated: %w",
+		ErrOutOfMemory, size, rounded, a.st.ReservedBytes.Current, a.st.AllocatedBytes.Current, err)
+}
+
+// obtain gets a block of rounded bytes from the driver and indexes it. On
+// failure nothing changes. mu held.
+func (a *Allocator) obtain(rounded uint64, c int) (*block, error) {
+	b := &block{size: rounded, class: c}
+	if a.cfg.UseHostRegister {
+		mem, err := mapAnonymous(rounded)
+		if err != nil {
+			return nil, fmt.Errorf("mmap of %d bytes: %w: %w", rounded, backend.ErrOutOfMemory, err)
+		}
+		p := uintptr(unsafe.Pointer(unsafe.SliceData(mem)))
+		if err := a.hm.HostRegister(p, rounded, backend.HostRegisterMapped); err != nil {
+			_ = unmapAnonymous(mem) // our own fresh mapping: cannot fail
+			return nil, err
+		}
+		b.ptr, b.mem, b.reg = p, mem, true
+	} else {
+		p, err := a.hm.MallocHost(rounded)
+		if err != nil {
+			return nil, err
+		}
+		b.ptr = p
+	}
+	a.blocks[b.ptr] = b
+	a.spans.ReplaceOrInsert(span{start: b.ptr, end: b.ptr + uintptr(b.size), b: b})
+	a.st.Segment.Add(1)
+	a.st.ReservedBytes.Add(int64(b.size))
+	a.st.NumHostAlloc++
+	return b, nil
+}
+
+// release gives cached block b back to the driver: it undoes the
+// allocator's registration of it, then frees it (FreeHostWithDevSync if
+// sync, else FreeHost; or unpins and unmaps memory from the OS). On failure
+// b stays cached and keeps whatever state the driver still holds. mu held.
+func (a *Allocator) release(b *block, sync bool) error {
+	if b.reg {
+		if err := a.hm.HostUnregister(b.ptr); err != nil {
+			return err
+		}
+		b.reg, b.devPtr = false, 0
+		if b.mem != nil {
+			// Unpinned OS memory must not be served: drop the block even
+			// if the mapping cannot be undone.
+			err := unmapAnonymous(b.mem)
+			a.forget(b)
+			return err
+		}
+	}
+	var err error
+	if sync {
+		err = a.hm.FreeHostWithDevSync(b.ptr)
+	} else {
+		err = a.hm.FreeHost(b.ptr)
+	}
+	if err != nil {
+		return err
+	}
+	a.forget(b)
+	return nil
+}
+
+// forget drops released block b from the indexes and statistics. mu held.
+func (a *Allocator) forget(b *block) {
+	delete(a.blocks, b.ptr)
+	a.spans.Delete(span{start: b.ptr})
+	a.st.Segment.Add(-1)
+	a.st.ReservedBytes.Add(-int64(b.size))
+	a.st.NumHostFree++
+	b.mem = nil
+}
+
+// releaseCached releases every cached block; those that fail stay cached.
+// mu held.
+func (a *Allocator) releaseCached(sync bool) error {
+	var errs []error
+	for c, l := range a.free {
+		if len(l) == 0 {
+			continue
+		}
+		kept := l[:0]
+		for _, b := range l {
+			if err := a.release(b, sync); err != nil {
+				errs = append(errs, err)
+				kept = append(kept, b)
+			}
+		}
+		clear(l[len(kept):])
+		a.free[c] = kept
+	}
+	return errors.Join(errs...)
+}
+
+// EmptyCache gives every cached block back to the driver, after moving the
+// free-pending blocks whose events have completed to the cache. It does not
+// wait: blocks still waiting for events stay. Blocks the driver fails to
+// release stay cached, and the errors are returned.
+func (a *Allocator) EmptyCache() error {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.closed {
+		return ErrClosed
+	}
+	a.processEvents()
+	return a.releaseCached(false)
+}
+
+// Close waits for the events of free-pending blocks and for the streams
+// recorded on blocks still allocated, gives every block back to the driver
+// (FreeHostWithDevSync, so device work still using them completes first),
+// unregisters every range registered with Register, and destroys its
+// events. Later calls return ErrClosed. If a driver call fails, Close
+// returns the error, and a later Close retries what is left.
+func (a *Allocator) Close() error {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.closed && len(a.blocks) == 0 && a.spans.Len() == 0 && a.idleEvents() == 0 && len(a.orphans) == 0 {
+		return ErrClosed
+	}
+	a.closed = true
+	if err := errors.Join(a.synchronizeEvents(), a.settleOrphans(true)); err != nil {
+		return err
+	}
+	var errs []error
+	for _, b := range a.sortedBlocks() {
+		if b.state != stateAllocated {
+			continue
+		}
+		for _, u := range b.uses {
+			// A destroyed stream has nothing left to wait for.
+			if err := a.drv.StreamSynchronize(u); err != nil && !errors.Is(err, backend.ErrInvalidArgument) {
+				errs = append(errs, err)
+			}
+		}
+		if len(errs) > 0 {
+			return errors.Join(errs...)
+		}
+		a.st.Allocation.Add(-1)
+		a.st.AllocatedBytes.Add(-int64(b.size))
+		a.st.RequestedBytes.Add(-int64(b.req))
+		b.req = 0
+		b.uses = b.uses[:0]
+		a.cache(b)
+	}
+	errs = append(errs, a.releaseCached(true))
+	var regs []*registration
+	a.spans.Ascend(func(s span) bool {
+		if s.r != nil {
+			regs = append(regs, s.r)
+		}
+		return true
+	})
+	for _, r := range regs {
+		if err := a.unregister(r); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	for dev, l := range a.idle {
+		for len(l) > 0 {
+			if err := a.drv.EventDestroy(l[len(l)-1]); err != nil {
+				errs = append(errs, err)
+				break
+			}
+			l = l[:len(l)-1]
+		}
+		a.idle[dev] = l
+	}
+	return errors.Join(errs...)
+}
+
+// settleOrphans ends the quarantine of blocks freed after a stream recorded
+// on them disappeared: with a driver that can wait for a whole device
+// (backend.DeviceSynchronizer) it waits for every device and caches them;
+// otherwise MallocHost blocks go back to the driver through
+// FreeHostWithDevSync, which waits for the device work that uses them, and,
+// if closing, blocks of OS memory are cached for Close to release (nothing
+// can wait for their work: see the package doc). Blocks it cannot settle
+// stay quarantined. mu held.
+func (a *Allocator) settleOrphans(closing bool) error {
+	if len(a.orphans) == 0 {
+		return nil
+	}
+	if ds, ok := a.drv.(backend.DeviceSynchronizer); ok {
+		for dev := range a.idle {
+			if err := ds.DeviceSynchronize(dev); err != nil {
+				return err
+			}
+		}
+		for _, b := range a.orphans {
+			b.orphan = false
+			a.cache(b)
+		}
+		clear(a.orphans)
+		a.orphans = a.orphans[:0]
+		return nil
+	}
+	var errs []error
+	kept := a.orphans[:0]
+	for _, b := range a.orphans {
+		switch {
+		case b.mem == nil:
+			if err := a.freeWithDevSync(b); err != nil {
+				errs = append(errs, err)
+				kept = append(kept, b)
+			}
+		case closing:
+			b.orphan = false
+			a.cache(b)
+		default:
+			kept = append(kept, b)
+		}
+	}
+	clear(a.orphans[len(kept):])
+	a.orphans = kept
+	return errors.Join(errs...)
+}
+
+// freeWithDevSync gives quarantined MallocHost block b back to the driver
+// with FreeHostWithDevSync. On failure b stays quarantined. mu held.
+func (a *Allocator) freeWithDevSync(b *block) error {
+	if b.reg {
+		if err := a.hm.HostUnregister(b.ptr); err != nil {
+			return err
+		}
+		b.reg, b.devPtr = false, 0
+	}
+	if err := a.hm.FreeHostWithDevSync(b.ptr); err != nil {
+		return err
+	}
+	a.st.Active.Add(-1)
+	a.st.ActiveBytes.Add(-int64(b.size))
+	b.orphan = false
+	a.forget(b)
+	return nil
+}
+
+// sortedBlocks lists every block in address order. mu held.
+func (a *Allocator) sortedBlocks() []*block {
+	out := make([]*block, 0, len(a.blocks))
+	a.spans.Ascend(func(s span) bool {
+		if s.b != nil {
+			out = append(out, s.b)
+		}
+		return true
+	})
+	return out
+}
+
+func (a *Allocator) idleEvents() int {
+	n := 0
+	for _, l := range a.idle {
+		n += len(l)
+	}
+	return n
+}

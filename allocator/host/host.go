@@ -1,0 +1,492 @@
+package host
+
+import (
+	"errors"
+	"fmt"
+	"sync"
+
+	"github.com/google/btree"
+	"github.com/vmmalloc/vmmalloc/backend"
+	"github.com/vmmalloc/vmmalloc/stats"
+)
+
+// Allocator is a caching allocator of pinned host memory. All methods are
+// safe for concurrent use; one mutex serialises them.
+type Allocator struct {
+	drv     backend.Driver
+	hm      backend.HostMemory
+	cfg     Config
+	classes sizeClasses
+
+	mu        sync.Mutex
+	closed    bool                            // Close was called; mu
+	blocks    map[uintptr]*block              // every block the driver gave us, by host address; mu
+	free      [][]*block                      // cached blocks per class, LIFO; mu
+	spans     *btree.BTreeG[span]             // blocks and registrations by start address; mu
+	streams   map[backend.Stream]*streamState // streams named by RecordStream; mu
+	slist     []*streamState                  // the same, in first-use order; mu
+	idle      [][]backend.Event               // recorded-and-done or never-recorded events per device; mu
+	pending   int                             // blocks in stateFreePending; mu
+	gone      int                             // streams in slist the driver no longer knows; mu
+	orphans   []*block                        // free-pending blocks whose recorded stream is gone; mu
+	st        Stats                           // mu
+	scratch   []pendingEvent                  // reusable buffer of insertEvents; mu
+	scratchSS []*streamState                  // the streams of scratch; mu
+}
+
+// blockState is where a block is in its life (see the package doc).
+type blockState uint8
+
+const (
+	stateAllocated   blockState = iota + 1 // handed out by Malloc
+	stateFreePending                       // freed, waiting for events on the streams that used it
+	stateCached                            // in its class's free list
+)
+
+func (s blockState) String() string {
+	switch s {
+	case stateAllocated:
+		return "allocated"
+	case stateFreePending:
+		return "free-pending"
+	case stateCached:
+		return "cached"
+	}
+	return fmt.Sprintf("blockState(%d)", int(s))
+}
+
+// block is one pinned allocation from the driver, never split.
+type block struct {
+	ptr    uintptr          // host address
+	size   uint64           // nbytes obtained: the class size
+	class  int              // index into Allocator.free
+	req    uint64           // nbytes asked for by the current allocation; 0 unless allocated
+	state  blockState       //
+	devPtr uintptr          // device address of the block, 0 until known
+	reg    bool             // the allocator holds a HostRegister of the whole block
+	mem    []byte           // UseHostRegister: the OS mapping (nil with MallocHost)
+	uses   []backend.Stream // streams recorded on the current allocation; capacity kept for reuse
+	events int              // events still pending, while stateFreePending
+	orphan bool             // free-pending on a stream that no longer exists: in Allocator.orphans
+}
+
+// registration is a range the program owns and registered through Register.
+type registration struct {
+	ptr    uintptr
+	size   uint64 // nbytes
+	flags  backend.HostRegisterFlags
+	devPtr uintptr // device address, 0 until DevicePointer asks the driver
+}
+
+// span is an entry of the address index: exactly one of b and r is set.
+type span struct {
+	start uintptr
+	end   uintptr // exclusive
+	b     *block
+	r     *registration
+}
+
+func spanLess(x, y span) bool { return x.start < y.start }
+
+// streamState is a stream RecordStream was given, and the events recorded
+// on it that free-pending blocks wait for, oldest first (a stream's events
+// complete in order).
+type streamState struct {
+	stream backend.Stream
+	dev    int
+	queue  []pendingEvent // events recorded on the stream; the pending ones are queue[head:]
+	head   int            // index of the oldest pending event
+	gone   bool           // the driver no longer knows the stream: out of Allocator.streams, listed until its queue drains
+}
+
+// pending returns the stream's pending events, oldest first.
+func (ss *streamState) pending() []pendingEvent { return ss.queue[ss.head:] }
+
+// push appends pe, reusing the space of retired events when the queue is
+// full, so that steady state allocates nothing.
+func (ss *streamState) push(pe pendingEvent) {
+	if len(ss.queue) == cap(ss.queue) && ss.head > 0 {
+		n := copy(ss.queue, ss.queue[ss.head:])
+		clear(ss.queue[n:])
+		ss.queue, ss.head = ss.queue[:n], 0
+	}
+	ss.queue = append(ss.queue, pe)
+}
+
+// pop removes and returns the oldest pending event.
+func (ss *streamState) pop() pendingEvent {
+	pe := ss.queue[ss.head]
+	ss.queue[ss.head] = pendingEvent{}
+	if ss.head++; ss.head == len(ss.queue) {
+		ss.queue, ss.head = ss.queue[:0], 0
+	}
+	return pe
+}
+
+type pendingEvent struct {
+	ev backend.Event
+	b  *block
+}
+
+// Stats are the host allocator's statistics, in the shape of the device
+// allocator's (stats.Stat: current, peak, allocated, freed). Blocks count
+// at their class size.
+type Stats struct {
+	Allocation      stats.Stat // blocks handed out by Malloc and not yet freed (count)
+	AllocatedBytes  stats.Stat // nbytes of those blocks
+	RequestedBytes  stats.Stat // nbytes the callers asked for
+	Active          stats.Stat // allocated plus free-pending blocks (count)
+	ActiveBytes     stats.Stat // nbytes of those blocks
+	Segment         stats.Stat // blocks held from the driver (count)
+	ReservedBytes   stats.Stat // nbytes of those blocks
+	Registered      stats.Stat // ranges registered with Register (count)
+	RegisteredBytes stats.Stat // nbytes of those ranges
+
+	CacheHits       int64 // Malloc served from the cache
+	NumHostAlloc    int64 // blocks obtained from the driver
+	NumHostFree     int64 // blocks given back to the driver
+	NumEventsCreate int64 // events created (the pool grows to the peak of pending events)
+	NumEventRecords int64 // events recorded by Free
+	NumSyncFallback int64 // stream or device waits because an event could not be recorded
+	NumOOMs         int64 // Malloc calls that failed for lack of memory
+	NumOrphaned     int64 // blocks freed after a stream recorded on them was destroyed (quarantined)
+}
+
+// New creates a host allocator over drv, which must implement
+// backend.HostMemory.
+func New(drv backend.Driver, cfg Config) (*Allocator, error) {
+	if drv == nil {
+		return nil, fmt.Errorf("%w: nil driver", ErrInvalidConfig)
+	}
+	hm, ok := drv.(backend.HostMemory)
+	if !ok {
+		return nil, fmt.Errorf("%w: %s", ErrNoHostMemory, drv.Name())
+	}
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	a := &Allocator{
+		drv:     drv,
+		hm:      hm,
+		cfg:     cfg,
+		classes: sizeClasses{shift: uint(log2(cfg.RoundupDivisions))},
+		blocks:  make(map[uintptr]*block),
+		spans:   btree.NewG(16, spanLess),
+		streams: make(map[backend.Stream]*streamState),
+		idle:    make([][]backend.Event, drv.DeviceCount()),
+	}
+	a.free = make([][]*block, a.classes.count())
+	return a, nil
+}
+
+func log2(n int) int {
+	k := 0
+	for n > 1 {
+		n >>= 1
+		k++
+	}
+	return k
+}
+
+// Config returns the allocator's configuration.
+func (a *Allocator) Config() Config { return a.cfg }
+
+// Malloc returns size bytes of pinned host memory, at least 4 KiB aligned,
+// not initialised. A cached block of the request's size class is reused
+// when there is one, without a driver call; otherwise a block is obtained
+// from the driver, and if the driver is out of memory the cache is emptied
+// and the request retried.
+func (a *Allocator) Malloc(size uint64) (uintptr, error) {
+	if size == 0 || size > MaxSize {
+		return 0, fmt.Errorf("%w: %d bytes (want 1..%d)", ErrInvalidSize, size, uint64(MaxSize))
+	}
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.closed {
+		return 0, ErrClosed
+	}
+	if a.pending > 0 {
+		a.processEvents()
+	}
+	rounded, c := a.classes.round(size)
+	var b *block
+	if l := a.free[c]; len(l) > 0 {
+		b = l[len(l)-1]
+		l[len(l)-1] = nil
+		a.free[c] = l[:len(l)-1]
+		a.st.CacheHits++
+	} else {
+		var err error
+		if b, err = a.grow(rounded, c, size); err != nil {
+			return 0, err
+		}
+	}
+	b.state = stateAllocated
+	b.req = size
+	a.st.Active.Add(1)
+	a.st.ActiveBytes.Add(int64(b.size))
+	a.st.Allocation.Add(1)
+	a.st.AllocatedBytes.Add(int64(b.size))
+	a.st.RequestedBytes.Add(int64(size))
+	return b.ptr, nil
+}
+
+// Free returns ptr to the cache. It never waits: if streams were recorded
+// on the block (RecordStream), an event is recorded on each and the block
+// is reused only once they have all completed. If the driver cannot record
+// an event, Free waits for that stream instead (or, for a stream that no
+// longer exists, for its device, where the driver can); if that fails too,
+// Free returns the error and nothing changes, except for a stream the driver
+// no longer knows: then the block is quarantined (see the package doc,
+// "Streams that disappear") and Free succeeds.
+func (a *Allocator) Free(ptr uintptr) error {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.closed {
+		return ErrClosed
+	}
+	b := a.blocks[ptr]
+	if b == nil || b.state != stateAllocated {
+		return a.badPointer(ptr)
+	}
+	if len(b.uses) > 0 {
+		if err := a.insertEvents(b); err != nil {
+			var gone *streamGoneError
+			if !errors.As(err, &gone) {
+				return err
+			}
+			// No event can order the reuse: quarantine the block.
+			b.orphan = true
+			a.orphans = append(a.orphans, b)
+			a.st.NumOrphaned++
+		}
+	}
+	a.st.Allocation.Add(-1)
+	a.st.AllocatedBytes.Add(-int64(b.size))
+	a.st.RequestedBytes.Add(-int64(b.req))
+	b.req = 0
+	b.uses = b.uses[:0]
+	switch {
+	case b.orphan:
+		b.state = stateFreePending
+	case b.events > 0:
+		b.state = stateFreePending
+		a.pending++
+	default:
+		a.cache(b)
+	}
+	return nil
+}
+
+// cache puts a block that is no longer active into its free list. mu held.
+func (a *Allocator) cache(b *block) {
+	a.st.Active.Add(-1)
+	a.st.ActiveBytes.Add(-int64(b.size))
+	b.state = stateCached
+	a.free[b.class] = append(a.free[b.class], b)
+}
+
+// spanAt returns the block or registration whose range holds p. mu held.
+func (a *Allocator) spanAt(p uintptr) (span, bool) {
+	var found span
+	ok := false
+	a.spans.DescendLessOrEqual(span{start: p}, func(s span) bool {
+		if p < s.end {
+			found, ok = s, true
+		}
+		return false
+	})
+	return found, ok
+}
+
+// overlaps reports whether [p, end) meets a block or registration. mu held.
+func (a *Allocator) overlaps(p, end uintptr) bool {
+	if _, ok := a.spanAt(p); ok {
+		return true
+	}
+	hit := false
+	a.spans.AscendGreaterOrEqual(span{start: p}, func(s span) bool {
+		hit = s.start < end
+		return false
+	})
+	return hit
+}
+
+// badPointer classifies a pointer that is not the start of an allocated
+// block. mu held.
+func (a *Allocator) badPointer(ptr uintptr) error {
+	s, ok := a.spanAt(ptr)
+	switch {
+	case !ok:
+		return fmt.Errorf("%w: %#x", ErrUnknownPointer, ptr)
+	case s.r != nil:
+		return fmt.Errorf("%w: %#x lies in the range registered at %#x (use Unregister)", ErrUnknownPointer, ptr, s.start)
+	case s.start != ptr && s.b.state == stateAllocated:
+		return fmt.Errorf("%w: %#x is %d bytes into the block at %#x", ErrInteriorPointer, ptr, ptr-s.start, s.start)
+	case s.b.state == stateFreePending && s.start == ptr:
+		return fmt.Errorf("%w: %#x (free pending on stream events)", ErrDoubleFree, ptr)
+	default:
+		return fmt.Errorf("%w: %#x is not the start of an allocation", ErrDoubleFree, ptr)
+	}
+}
+
+// RecordStream marks the allocation at ptr as used by work queued on
+// stream s (host↔device copies): when ptr is freed, its memory is reused
+// only after the work queued on s by then has completed. Recording a
+// stream twice is a no-op.
+func (a *Allocator) RecordStream(ptr uintptr, s backend.Stream) error {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.closed {
+		return ErrClosed
+	}
+	b := a.blocks[ptr]
+	if b == nil || b.state != stateAllocated {
+		return a.badPointer(ptr)
+	}
+	if _, err := a.stream(s); err != nil {
+		return err
+	}
+	for _, u := range b.uses {
+		if u == s {
+			return nil
+		}
+	}
+	b.uses = append(b.uses, s)
+	return nil
+}
+
+// stream returns the state of s, asking the driver for its device on
+// first use. mu held.
+func (a *Allocator) stream(s backend.Stream) (*streamState, error) {
+	if ss, ok := a.streams[s]; ok {
+		return ss, nil
+	}
+	if s == 0 {
+		return nil, fmt.Errorf("%w: stream 0 (name a stream made by StreamCreate)", ErrInvalidStream)
+	}
+	dev, err := a.drv.StreamDevice(s)
+	if err != nil {
+		return nil, fmt.Errorf("%w: stream %d: %w", ErrInvalidStream, s, err)
+	}
+	if dev < 0 || dev >= len(a.idle) {
+		return nil, fmt.Errorf("%w: stream %d is on device %d of %d", ErrInvalidStream, s, dev, len(a.idle))
+	}
+	ss := &streamState{stream: s, dev: dev}
+	a.streams[s] = ss
+	a.slist = append(a.slist, ss)
+	return ss, nil
+}
+
+// DevicePointer returns the device address of host address p, which lies
+// in an allocated block or a range registered with HostRegisterMapped. The
+// first call for a MallocHost block registers the block (HostRegister,
+// MAPPED) and keeps the registration until the block goes back to the
+// driver.
+func (a *Allocator) DevicePointer(p uintptr) (uintptr, error) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.closed {
+		return 0, ErrClosed
+	}
+	s, ok := a.spanAt(p)
+	if !ok {
+		return 0, fmt.Errorf("%w: %#x", ErrUnknownPointer, p)
+	}
+	off := p - s.start
+	if r := s.r; r != nil {
+		if r.flags != backend.HostRegisterMapped {
+			return 0, fmt.Errorf("%w: %#x", ErrNotMapped, r.ptr)
+		}
+		if r.devPtr == 0 {
+			d, err := a.hm.HostGetDevicePointer(r.ptr)
+			if err != nil {
+				return 0, err
+			}
+			r.devPtr = d
+		}
+		return r.devPtr + off, nil
+	}
+	b := s.b
+	if b.state != stateAllocated {
+		return 0, fmt.Errorf("%w: %#x lies in a freed block", ErrUnknownPointer, p)
+	}
+	if b.devPtr == 0 {
+		if err := a.mapBlock(b); err != nil {
+			return 0, err
+		}
+	}
+	return b.devPtr + off, nil
+}
+
+// mapBlock registers block b for the device and learns its device address.
+// On failure nothing changes, unless the registration cannot be undone: then
+// b keeps it (b.reg) for release to undo. mu held.
+func (a *Allocator) mapBlock(b *block) error {
+	registered := false
+	if !b.reg {
+		if err := a.hm.HostRegister(b.ptr, b.size, backend.HostRegisterMapped); err != nil {
+			return err
+		}
+		b.reg, registered = true, true
+	}
+	d, err := a.hm.HostGetDevicePointer(b.ptr)
+	if err != nil {
+		if !registered {
+			return err
+		}
+		if e2 := a.hm.HostUnregister(b.ptr); e2 != nil {
+			return errors.Join(err, e2)
+		}
+		b.reg = false
+		return err
+	}
+	b.devPtr = d
+	return nil
+}
+
+// Stats returns a copy of the statistics.
+func (a *Allocator) Stats() Stats {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.st
+}
+
+// ResetPeakStats sets every peak to its current value.
+func (a *Allocator) ResetPeakStats() {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	for _, s := range a.st.stats() {
+		s.ResetPeak()
+	}
+}
+
+// ResetAccumulatedStats zeroes the allocated/freed totals and the counters.
+func (a *Allocator) ResetAccumulatedStats() {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	for _, s := range a.st.stats() {
+		s.ResetAccumulated()
+	}
+	a.st.CacheHits, a.st.NumHostAlloc, a.st.NumHostFree = 0, 0, 0
+	a.st.NumEventsCreate, a.st.NumEventRecords, a.st.NumSyncFallback, a.st.NumOOMs, a.st.NumOrphaned = 0, 0, 0, 0, 0
+}
+
+func (s *Stats) stats() []*stats.Stat {
+	return []*stats.Stat{&s.Allocation, &s.AllocatedBytes, &s.RequestedBytes, &s.Active, &s.ActiveBytes,
+		&s.Segment, &s.ReservedBytes, &s.Registered, &s.RegisteredBytes}
+}
+
+// MemoryAllocated is the nbytes of allocated blocks.
+func (a *Allocator) MemoryAllocated() uint64 {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return uint64(a.st.AllocatedBytes.Current)
+}
+
+// MemoryReserved is the nbytes of pinned memory held from the driver.
+func (a *Allocator) MemoryReserved() uint64 {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return uint64(a.st.ReservedBytes.Current)
+}
