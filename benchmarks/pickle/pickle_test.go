@@ -410,14 +410,22 @@ func BenchmarkDecodeSnapshot(b *testing.B) {
 	}
 }
 
+// FuzzDecode: every input decodes or fails with an *Error and no value,
+// and no input makes Decode allocate more than allocBound of its size.
 func FuzzDecode(f *testing.F) {
 	for _, v := range []string{vecDictP4, vecIntsP2, vecTuplesP2, vecSharedP4, vecIntKeysP4,
 		vecEmptyP5, vecBytesP5, vecFloatsP4, vecCycleP4, vecOrderedDict, vecClass, vecSetP4, vecProto0,
 		"(\x8c\x01aK\x01\x8c\x01aK\x02d.", "}(\x8c\x01bK\x01K\x07K\x03u."} {
 		f.Add([]byte(v))
 	}
+	for _, b := range [][]byte{dupTupleKey(30), bigStringInKey(300, 50), bigIntKey(300, 20),
+		bigTupleKey(100, 20), bigStringKeyManyDicts(300, 20), bigStringKeySetRepeatedly(300, 20)} {
+		f.Add(b)
+	}
 	f.Fuzz(func(t *testing.T, data []byte) {
-		v, err := Decode(data)
+		var v any
+		var err error
+		n := allocatedBy(func() { v, err = Decode(data) })
 		if err != nil {
 			var pe *Error
 			if !errors.As(err, &pe) {
@@ -426,6 +434,9 @@ func FuzzDecode(f *testing.F) {
 			if v != nil {
 				t.Fatalf("value %v returned with error", v)
 			}
+		}
+		if n > allocBound(len(data)) {
+			t.Fatalf("%d input bytes allocated %d bytes (bound %d)", len(data), n, allocBound(len(data)))
 		}
 	})
 }
