@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"strconv"
+	"strings"
 )
 
 // Kind is the type of an Event.
@@ -115,15 +116,26 @@ func (in *Info) set(key, val string) {
 	}
 }
 
+// isInfoKey reports whether key names an Info field.
+func isInfoKey(key string) bool { return key == "name" || key == "source" || key == "device" }
+
+// checkInfoValue says why val cannot be stored as an Info value, the rule
+// every writer and reader applies: at most maxInfoValue bytes, no line
+// break.
+func checkInfoValue(key, val string) error {
+	if len(val) > maxInfoValue {
+		return fmt.Errorf("%s is %d bytes (limit %d)", key, len(val), maxInfoValue)
+	}
+	if strings.ContainsAny(val, "\r\n") {
+		return fmt.Errorf("%s contains a line break", key)
+	}
+	return nil
+}
+
 func (in Info) validate() error {
 	for _, f := range in.fields() {
-		if len(f.val) > maxInfoValue {
-			return fmt.Errorf("%w: %s is %d bytes (limit %d)", ErrInvalidInfo, f.key, len(f.val), maxInfoValue)
-		}
-		for i := 0; i < len(f.val); i++ {
-			if c := f.val[i]; c == '\n' || c == '\r' {
-				return fmt.Errorf("%w: %s contains a line break", ErrInvalidInfo, f.key)
-			}
+		if err := checkInfoValue(f.key, f.val); err != nil {
+			return fmt.Errorf("%w: %v", ErrInvalidInfo, err)
 		}
 	}
 	return nil

@@ -219,7 +219,14 @@ func NewTextReader(r io.Reader) (*TextReader, error) {
 		}
 		kv := bytes.TrimSpace(content[1:])
 		if k, v, ok := bytes.Cut(kv, []byte(":")); ok {
-			t.info.set(string(bytes.TrimSpace(k)), string(bytes.TrimSpace(v)))
+			key, val := string(bytes.TrimSpace(k)), string(bytes.TrimSpace(v))
+			// Known keys obey the writers' rule, so that whatever this
+			// reader accepts can be written again (a lone '\r' inside a
+			// line is a line break to them).
+			if err := checkInfoValue(key, val); err != nil && isInfoKey(key) {
+				return nil, fmt.Errorf("%w: line %d: info %v", ErrCorrupt, t.line, err)
+			}
+			t.info.set(key, val)
 		}
 	}
 }
