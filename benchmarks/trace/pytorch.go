@@ -140,8 +140,10 @@ func typeOf(v any) string {
 	switch v.(type) {
 	case nil:
 		return "None"
-	case map[string]any, *pickle.Dict:
+	case map[string]any:
 		return "a dict"
+	case *pickle.Dict:
+		return "a dict with non-str keys"
 	case []any:
 		return "a list"
 	case string:
