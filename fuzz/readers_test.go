@@ -26,6 +26,9 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
 	"github.com/vmmalloc/vmmalloc/benchmarks/pickle"
 	"github.com/vmmalloc/vmmalloc/benchmarks/trace"
 	"github.com/vmmalloc/vmmalloc/benchmarks/workload"
@@ -649,36 +652,24 @@ func TestReaderSeeds(t *testing.T) {
 	snaps := append([][]byte{generatedSnapshot()}, realSnapshotSeeds(t)...)
 	for i, b := range snaps {
 		tr, err := trace.ImportPyTorchSnapshot(bytes.NewReader(b), 0)
-		if err != nil {
-			t.Fatalf("snapshot seed %d: %v", i, err)
-		}
-		if tr.Allocs == 0 {
-			t.Fatalf("snapshot seed %d has no allocations", i)
-		}
+		require.NoError(t, err, "snapshot seed %d", i)
+		assert.Positive(t, tr.Allocs, "snapshot seed %d has allocations", i)
 	}
-	if len(readerRealFiles(t, 3)) > 0 && len(snaps) < 4 {
-		t.Fatalf("real traces present but %d snapshot seeds", len(snaps))
+	if len(readerRealFiles(t, 3)) > 0 {
+		assert.Len(t, snaps, 4, "one seed per real trace (3) and the generated one")
 	}
 	gen, err := trace.ImportPyTorchSnapshot(bytes.NewReader(generatedSnapshot()), 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if gen.Allocs != 3 || gen.Frees != 1 || gen.DuplicateAllocs != 1 || gen.OOMs != 1 || len(gen.Streams) != 2 {
-		t.Fatalf("generated snapshot imports as %+v", gen)
-	}
+	require.NoError(t, err)
+	assert.Equal(t, []int{3, 1, 1, 1, 2}, []int{gen.Allocs, gen.Frees, gen.DuplicateAllocs, gen.OOMs, len(gen.Streams)})
 	for i, ev := range seedEvents(t) {
 		rt, err := trace.ImportRMMLog(bytes.NewReader(encodeRMM(ev)))
-		if err != nil {
-			t.Fatalf("RMM seed %d: %v", i, err)
-		}
+		require.NoError(t, err, "RMM seed %d", i)
 		allocs := 0
 		for _, e := range ev {
 			if e.Kind == trace.Alloc {
 				allocs++
 			}
 		}
-		if rt.Allocs != allocs {
-			t.Fatalf("RMM seed %d: %d allocs, events have %d", i, rt.Allocs, allocs)
-		}
+		assert.Equal(t, allocs, rt.Allocs, "RMM seed %d", i)
 	}
 }

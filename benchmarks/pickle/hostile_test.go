@@ -260,3 +260,32 @@ func TestLongStrKeysWithinBudget(t *testing.T) {
 	require.NoError(t, err)
 	assert.Len(t, v.(map[string]any), 2000)
 }
+
+// BenchmarkHostileShapes decodes each hostile shape at the size the issue
+// gives; alloc-B/in-B is the allocation per input byte (at most
+// allocPerByte, plus allocBase in all).
+//
+//	go test ./benchmarks/pickle -run '^$' -bench Hostile -benchmem
+func BenchmarkHostileShapes(b *testing.B) {
+	shapes := []struct {
+		name string
+		in   []byte
+	}{
+		{"dup-tuple-key-depth-40", dupTupleKey(40)},
+		{"1MiB-str-x5000-in-key", bigStringInKey(1<<20, 5000)},
+		{"1MiB-int-key-x1000", bigIntKey(1<<20, 1000)},
+		{"100k-tuple-key-x10000", bigTupleKey(100_000, 10_000)},
+		{"1MiB-str-key-x100000-dicts", bigStringKeyManyDicts(1<<20, 100_000)},
+	}
+	for _, s := range shapes {
+		b.Run(s.name, func(b *testing.B) {
+			b.SetBytes(int64(len(s.in)))
+			b.ReportAllocs()
+			var total uint64
+			for b.Loop() {
+				total += allocatedBy(func() { _, _ = Decode(s.in) })
+			}
+			b.ReportMetric(float64(total)/float64(b.N)/float64(len(s.in)), "alloc-B/in-B")
+		})
+	}
+}
