@@ -35,7 +35,7 @@ type PyTorchTrace struct {
 	SegmentFrees    int            // "segment_free" entries
 	SegmentMaps     int            // "segment_map" entries (expandable segments)
 	SegmentUnmaps   int            // "segment_unmap" entries
-	UnknownActions  map[string]int // entries with any other action, by action; nil if none
+	UnknownActions  map[string]int // entries with any other action, by action (its first maxActionName bytes); nil if none
 
 	PeakLive       uint64 // peak of allocated-and-not-yet-freed bytes over the trace
 	LiveAllocsEnd  int    // allocations still live after the last entry
@@ -67,6 +67,9 @@ func (t *PyTorchTrace) Reader() EventReader { return NewSliceReader(t.Events) }
 // maxSnapshotBytes bounds the snapshot size ImportPyTorchSnapshot reads.
 const maxSnapshotBytes = 4 << 30
 
+// maxActionName is how much of an unknown action UnknownActions keeps.
+const maxActionName = 64
+
 // ImportPyTorchSnapshot decodes a PyTorch memory snapshot (the pickle
 // written by torch.cuda.memory._dump_snapshot after
 // _record_memory_history) and converts device_traces[device] to events.
@@ -89,7 +92,9 @@ const maxSnapshotBytes = 4 << 30
 //   - segment_alloc, segment_map / segment_free, segment_unmap: no event;
 //     they build ReservedCurve and PeakReserved.
 //   - oom: counted (the failed request is not replayed); snapshot: ignored;
-//     anything else: counted in UnknownActions.
+//     anything else: counted in UnknownActions, by its first 64 bytes
+//     (so that a long action shared by many entries is not hashed whole
+//     for each).
 //
 // Allocations still live at the end are left live (no Free is invented).
 // A structurally unexpected snapshot yields ErrSnapshot.
@@ -339,6 +344,9 @@ func (t *PyTorchTrace) convert(entries []any) error {
 		default:
 			if t.UnknownActions == nil {
 				t.UnknownActions = make(map[string]int)
+			}
+			if len(action) > maxActionName {
+				action = action[:maxActionName]
 			}
 			t.UnknownActions[action]++
 		}

@@ -1,0 +1,35 @@
+package trace
+
+import (
+	"encoding/binary"
+	"runtime"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// TestSnapshotLongSharedAction: a 1 MiB action shared by 100000 entries
+// (2 bytes each, memo references) is counted under its first 64 bytes:
+// hashing it whole per entry would cost 100 GB of hashing. The import
+// allocates a bounded multiple of its input.
+func TestSnapshotLongSharedAction(t *testing.T) {
+	action := strings.Repeat("w", 1<<20)
+	const entries = 100_000
+	snap := "\x80\x04}X\x0d\x00\x00\x00device_traces](](}\x94X\x06\x00\x00\x00actionX" +
+		string(binary.LittleEndian.AppendUint32(nil, uint32(len(action)))) + action + "s" +
+		strings.Repeat("h\x00", entries-1) + "ees."
+	var tr *PyTorchTrace
+	var err error
+	var before, after runtime.MemStats
+	runtime.ReadMemStats(&before)
+	tr, err = ImportPyTorchSnapshot(strings.NewReader(snap), 0)
+	runtime.ReadMemStats(&after)
+	require.NoError(t, err)
+	assert.Equal(t, entries, tr.Entries)
+	assert.Equal(t, map[string]int{action[:maxActionName]: entries}, tr.UnknownActions)
+	assert.Empty(t, tr.Events)
+	allocated := after.TotalAlloc - before.TotalAlloc
+	assert.Less(t, allocated, 64*uint64(len(snap)), "%d bytes allocated for %d input bytes", allocated, len(snap))
+}
