@@ -141,6 +141,19 @@ func (in Info) validate() error {
 	return nil
 }
 
+// maxQuoted is how much of an input field an error message quotes.
+const maxQuoted = 64
+
+// clip returns b for quoting in an error message: whole when short, else
+// its first maxQuoted bytes and its length, so that a hostile field of a
+// megabyte does not become a megabyte of message.
+func clip[T ~string | ~[]byte](b T) string {
+	if len(b) <= maxQuoted {
+		return string(b)
+	}
+	return string(b[:maxQuoted]) + "... (" + strconv.Itoa(len(b)) + " bytes)"
+}
+
 // Sentinel errors, matched with errors.Is.
 var (
 	// ErrCorrupt reports binary or text input that is not a well-formed

@@ -33,3 +33,22 @@ func TestSnapshotLongSharedAction(t *testing.T) {
 	allocated := after.TotalAlloc - before.TotalAlloc
 	assert.Less(t, allocated, 64*uint64(len(snap)), "%d bytes allocated for %d input bytes", allocated, len(snap))
 }
+
+// TestErrorsQuoteLittle: a megabyte-long bad field yields a short message.
+func TestErrorsQuoteLittle(t *testing.T) {
+	long := strings.Repeat("z", 1<<20)
+	_, err := ImportRMMLog(strings.NewReader("action,pointer,size\n" + long + ",1,1\n"))
+	require.ErrorIs(t, err, ErrRMMLog)
+	assert.Less(t, len(err.Error()), 200, err.Error())
+	assert.Contains(t, err.Error(), "(1048576 bytes)")
+
+	_, err = ImportRMMLog(strings.NewReader("action,pointer,size,time\nallocate,1,1," + long + "\n"))
+	require.ErrorIs(t, err, ErrRMMLog)
+	assert.Less(t, len(err.Error()), 200, err.Error())
+
+	line := strings.Repeat("y", 60<<10)
+	_, _, err = decodeText(t, TextHeader+"\n"+line+"\n")
+	require.ErrorIs(t, err, ErrCorrupt)
+	assert.Less(t, len(err.Error()), 200, err.Error())
+	assert.Contains(t, err.Error(), "(61440 bytes)")
+}
