@@ -326,22 +326,24 @@ const maxProtocol = 5
 // at STOP, in place, so that shared and cyclic references survive.
 type node struct {
 	kind  nodeKind
-	depth uint8 // tuples: key nesting depth (see tupleDepth)
-	keyed bool  // tuples: key holds the tuple's identity
-	key   keyID // tuples: identity as a dict key, computed on first use
-	items []any // list/tuple elements; converted in place at the end
+	depth uint8      // tuples: key nesting depth (see tupleDepth)
+	keyed bool       // tuples: key holds the tuple's identity
+	done  bool       // out has been assigned (its children may still be converting)
+	key   keyID      // tuples: identity as a dict key, computed on first use
+	items []any      // list/tuple elements; converted in place at the end
+	dict  *dictState // dicts: entries, once the first is set
+	out   any        // public value, valid once done
+}
 
-	// dict state: while every key is a str, m holds the entries and keys
-	// their insertion order; after the first non-str key, ordered holds
-	// every entry and index maps each key's identity to its position in
-	// ordered.
+// dictState holds a dict's entries. While every key is a str, m holds the
+// entries and keys their insertion order; after the first non-str key,
+// ordered holds every entry and index maps each key's identity to its
+// position in ordered.
+type dictState struct {
 	m       map[string]any
 	keys    []string
 	ordered []Item
 	index   map[keyID]int
-
-	out  any  // public value, valid once done
-	done bool // out has been assigned (its children may still be converting)
 }
 
 type nodeKind uint8
@@ -488,7 +490,12 @@ func (d *decoder) setItems(target any, kv []any) error {
 }
 
 func (d *decoder) setItem(n *node, k, v any) error {
-	if s, ok := k.(string); ok && n.ordered == nil {
+	ds := n.dict
+	if ds == nil {
+		ds = &dictState{}
+		n.dict = ds
+	}
+	if s, ok := k.(string); ok && ds.ordered == nil {
 		// A Go map hashes the whole string at each use: charge long ones.
 		if len(s) > inlineKeyBytes {
 			if d.work += int64(len(s)); d.work > d.budget {
@@ -496,13 +503,13 @@ func (d *decoder) setItem(n *node, k, v any) error {
 					inlineKeyBytes, d.work, d.budget, len(d.data))
 			}
 		}
-		if n.m == nil {
-			n.m = make(map[string]any)
+		if ds.m == nil {
+			ds.m = make(map[string]any)
 		}
-		before := len(n.m)
-		n.m[s] = v
-		if len(n.m) > before {
-			n.keys = append(n.keys, s)
+		before := len(ds.m)
+		ds.m[s] = v
+		if len(ds.m) > before {
+			ds.keys = append(ds.keys, s)
 		}
 		return nil
 	}
@@ -510,23 +517,23 @@ func (d *decoder) setItem(n *node, k, v any) error {
 	if err != nil {
 		return d.fail(ErrMalformed, "%v", err)
 	}
-	if n.ordered == nil {
+	if ds.ordered == nil {
 		// First non-str key: move the str entries over in insertion order.
-		n.ordered = make([]Item, 0, len(n.keys)+1)
-		n.index = make(map[keyID]int, len(n.keys)+1)
-		for _, s := range n.keys {
+		ds.ordered = make([]Item, 0, len(ds.keys)+1)
+		ds.index = make(map[keyID]int, len(ds.keys)+1)
+		for _, s := range ds.keys {
 			ks, _ := d.keys.keyOf(s) // a str always has an identity
-			n.index[ks] = len(n.ordered)
-			n.ordered = append(n.ordered, Item{Key: s, Value: n.m[s]})
+			ds.index[ks] = len(ds.ordered)
+			ds.ordered = append(ds.ordered, Item{Key: s, Value: ds.m[s]})
 		}
-		n.m, n.keys = nil, nil
+		ds.m, ds.keys = nil, nil
 	}
-	if i, dup := n.index[h]; dup {
-		n.ordered[i].Value = v
+	if i, dup := ds.index[h]; dup {
+		ds.ordered[i].Value = v
 		return nil
 	}
-	n.index[h] = len(n.ordered)
-	n.ordered = append(n.ordered, Item{Key: k, Value: v})
+	ds.index[h] = len(ds.ordered)
+	ds.ordered = append(ds.ordered, Item{Key: k, Value: v})
 	return nil
 }
 
@@ -884,13 +891,15 @@ func convert(v any) any {
 					n.items = []any{}
 				}
 				n.out = n.items
-			case n.ordered != nil:
-				n.out = &Dict{Items: n.ordered}
+			case n.dict == nil:
+				n.out = map[string]any{}
+			case n.dict.ordered != nil:
+				n.out = &Dict{Items: n.dict.ordered}
 			default:
-				if n.m == nil {
-					n.m = map[string]any{}
+				if n.dict.m == nil {
+					n.dict.m = map[string]any{}
 				}
-				n.out = n.m
+				n.out = n.dict.m
 			}
 			work = append(work, n)
 		}
@@ -905,19 +914,22 @@ func convert(v any) any {
 			for i, it := range n.items {
 				n.items[i] = visit(it)
 			}
-		case n.ordered != nil:
-			for i := range n.ordered {
-				n.ordered[i].Key = visit(n.ordered[i].Key)
-				n.ordered[i].Value = visit(n.ordered[i].Value)
+		case n.dict == nil:
+		case n.dict.ordered != nil:
+			ds := n.dict
+			for i := range ds.ordered {
+				ds.ordered[i].Key = visit(ds.ordered[i].Key)
+				ds.ordered[i].Value = visit(ds.ordered[i].Value)
 			}
-			n.index = nil
+			n.dict = nil
 		default:
-			for k, val := range n.m {
+			ds := n.dict
+			for k, val := range ds.m {
 				if _, isNode := val.(*node); isNode {
-					n.m[k] = visit(val)
+					ds.m[k] = visit(val)
 				}
 			}
-			n.keys = nil
+			n.dict = nil
 		}
 	}
 	return out
