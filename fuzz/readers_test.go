@@ -45,7 +45,7 @@ type readerBound struct {
 func (b readerBound) of(n int) uint64 { return b.perByte*uint64(n) + b.base }
 
 var readerBounds = map[string]readerBound{
-	// ~230 B per byte for runs of EMPTY_LIST/EMPTY_DICT (a node each).
+	// ~165 B per byte for runs of EMPTY_LIST/EMPTY_DICT (a node each).
 	"pickle": {512, 256 << 10},
 	// The pickle decode, reading the input (about 3n), and up to two
 	// events per 2-byte memo reference to a shared trace entry.

@@ -96,7 +96,7 @@ func bigStringKeySetRepeatedly(n, sets int) []byte {
 
 // Allocation bound the tests and FuzzDecode hold Decode to: at most
 // allocPerByte bytes per input byte plus allocBase. The worst single
-// opcodes measured allocate about 230 bytes per input byte (EMPTY_LIST,
+// opcodes measured allocate about 165 bytes per input byte (EMPTY_LIST,
 // EMPTY_DICT, EMPTY_TUPLE: a container node and its stack slot).
 const (
 	allocPerByte = 512
