@@ -407,9 +407,12 @@ func TestDecodeRealSnapshot(t *testing.T) {
 	data, err := os.ReadFile(snapshotPath(t, "cs336_ctx128_fullstep.pickle"))
 	require.NoError(t, err)
 	start := time.Now()
-	v, err := Decode(data)
+	d := decoder{data: data, budget: KeyWorkPerByte*int64(len(data)) + KeyWorkBase}
+	v, err := d.run()
 	require.NoError(t, err)
 	elapsed := time.Since(start)
+	assert.Zero(t, d.work, "no str key of a real snapshot is long enough to be charged")
+	assert.LessOrEqual(t, allocatedBy(func() { _, _ = Decode(data) }), allocBound(len(data)))
 	m := v.(map[string]any)
 	traces := m["device_traces"].([]any)
 	require.Len(t, traces, 1)
