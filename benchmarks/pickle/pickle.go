@@ -63,17 +63,18 @@
 //     A tuple's identity is an interned number built from its elements'
 //     identities and cached in the tuple, so a key that references shared
 //     sub-tuples (DUP+TUPLE2 repeated n times is a tuple with 2^n leaves)
-//     costs one step per distinct tuple; a str, bytes or int longer than
-//     [inlineKeyBytes] is interned once by content and its identity cached
-//     by object (a 1 MiB str or int referenced by a thousand keys is
-//     hashed once). Ints are keyed by their two's-complement bytes, never
-//     by a decimal conversion. Tuple keys nest at most [maxKeyDepth] deep.
+//     costs one step per distinct tuple; a str or bytes longer than 64
+//     bytes, or an int beyond 64 bits, is interned once by content and its
+//     identity cached by object (a 1 MiB str or int referenced by a
+//     thousand keys is hashed once). Ints are keyed by their magnitude
+//     bytes, never by a decimal conversion. Tuple keys nest at most 100
+//     deep (ErrMalformed beyond).
 //
 // One cost is not linear by construction: a dict whose keys are all str
 // decodes to a Go map, and a Go map hashes the whole string at every
 // insertion, so a long str used as a key by many dicts (or set into one
 // dict many times) is hashed every time. The decoder charges every hash
-// of a str key longer than [inlineKeyBytes] to a budget of
+// of a str key longer than 64 bytes to a budget of
 // [KeyWorkPerByte] bytes per input byte plus [KeyWorkBase], and stops with
 // ErrBudget when it runs out. Real snapshots charge nothing: none of the
 // eight in shared/traces has a str key longer than 64 bytes.
