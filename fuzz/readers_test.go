@@ -102,7 +102,7 @@ func readerRealFiles(tb testing.TB, max int) map[string][]byte {
 		}
 	}
 	paths, _ := filepath.Glob(filepath.Join(dir, "*.pickle"))
-	sort.Slice(paths, func(i, j int) bool { return fileSize(paths[i]) < fileSize(paths[j]) })
+	sort.Slice(paths, func(i, j int) bool { return traceFileSize(paths[i]) < traceFileSize(paths[j]) })
 	out := map[string][]byte{}
 	for _, p := range paths {
 		if len(out) == max {
@@ -115,7 +115,7 @@ func readerRealFiles(tb testing.TB, max int) map[string][]byte {
 	return out
 }
 
-func fileSize(p string) int64 {
+func traceFileSize(p string) int64 {
 	st, err := os.Stat(p)
 	if err != nil {
 		return math.MaxInt64
@@ -144,10 +144,10 @@ func realSnapshotSeeds(tb testing.TB) [][]byte {
 		small := map[string]any{}
 		if dts, ok := top["device_traces"].([]any); ok && len(dts) > 0 {
 			entries, _ := dts[0].([]any)
-			small["device_traces"] = []any{firstN(entries, 48)}
+			small["device_traces"] = []any{firstEntries(entries, 48)}
 		}
 		if segs, ok := top["segments"].([]any); ok {
-			small["segments"] = firstN(segs, 4)
+			small["segments"] = firstEntries(segs, 4)
 		}
 		if s, ok := top["allocator_settings"]; ok {
 			small["allocator_settings"] = s
@@ -157,8 +157,8 @@ func realSnapshotSeeds(tb testing.TB) [][]byte {
 	return seeds
 }
 
-// firstN returns up to n elements of l, each with at most two frames.
-func firstN(l []any, n int) []any {
+// firstEntries returns up to n elements of l, each with at most two frames.
+func firstEntries(l []any, n int) []any {
 	out := make([]any, 0, n)
 	for _, e := range l[:min(n, len(l))] {
 		if m, ok := e.(map[string]any); ok {
@@ -332,10 +332,10 @@ func hostilePickles() [][]byte {
 	}
 }
 
-// seedEvents returns event sequences for the event readers: generated
+// traceSeedEvents returns event sequences for the event readers: generated
 // workloads, every kind with every field, and the first events of the real
 // snapshots.
-func seedEvents(tb testing.TB) [][]trace.Event {
+func traceSeedEvents(tb testing.TB) [][]trace.Event {
 	train := workload.DefaultTrainingConfig()
 	ev, err := workload.TransformerTraining(train, 1)
 	if err != nil {
@@ -365,13 +365,13 @@ func seedEvents(tb testing.TB) [][]trace.Event {
 	return out
 }
 
-var seedInfos = []trace.Info{
+var traceSeedInfos = []trace.Info{
 	{},
 	{Name: "gpt2", Source: "workload.TransformerTraining seed=1", Device: "cuda:0"},
 	{Source: strings.Repeat("s", 4096)},
 }
 
-func encodeBinary(tb testing.TB, info trace.Info, ev []trace.Event) []byte {
+func encodeBinaryTrace(tb testing.TB, info trace.Info, ev []trace.Event) []byte {
 	var buf bytes.Buffer
 	w := trace.NewWriter(&buf)
 	if err := w.SetInfo(info); err != nil {
@@ -490,7 +490,7 @@ func FuzzPyTorchSnapshot(f *testing.F) {
 
 // FuzzRMMLog: the importer returns a valid trace or ErrRMMLog.
 func FuzzRMMLog(f *testing.F) {
-	for _, ev := range seedEvents(f) {
+	for _, ev := range traceSeedEvents(f) {
 		f.Add(encodeRMM(ev))
 	}
 	f.Add([]byte("Action,Pointer,Size,Time\nallocate,(nil),0,1.5\nallocate,12,7,2.000000001\nallocate failure,0x0,99,3\ndeallocate,12,7,4\n"))
@@ -537,8 +537,8 @@ func readAllCounting(r trace.EventReader) (int, error) {
 // with ErrCorrupt/ErrVersion; a trace that reads writes back and reads the
 // same.
 func FuzzBinaryTrace(f *testing.F) {
-	for i, ev := range seedEvents(f) {
-		b := encodeBinary(f, seedInfos[i%len(seedInfos)], ev)
+	for i, ev := range traceSeedEvents(f) {
+		b := encodeBinaryTrace(f, traceSeedInfos[i%len(traceSeedInfos)], ev)
 		f.Add(b)
 		f.Add(b[:len(b)*2/3])
 	}
@@ -568,8 +568,8 @@ func FuzzBinaryTrace(f *testing.F) {
 // ErrCorrupt/ErrVersion; a trace that reads (Info included) writes back in
 // both formats, which is what convert does.
 func FuzzTextTrace(f *testing.F) {
-	for i, ev := range seedEvents(f) {
-		f.Add(encodeTextTrace(f, seedInfos[i%len(seedInfos)], ev))
+	for i, ev := range traceSeedEvents(f) {
+		f.Add(encodeTextTrace(f, traceSeedInfos[i%len(traceSeedInfos)], ev))
 	}
 	f.Add([]byte(trace.TextHeader + "\r\n# name: a\r\n\n# comment\nalloc 1 8 # trailing\r\nfree 1 t=-3 s=2\nsync s=1\nempty_cache id=2 size=3\nmark 4\n"))
 	f.Add([]byte(trace.TextHeader + "\n# name: a\rb\nalloc 1 8\n"))
@@ -661,7 +661,7 @@ func TestReaderSeeds(t *testing.T) {
 	gen, err := trace.ImportPyTorchSnapshot(bytes.NewReader(generatedSnapshot()), 0)
 	require.NoError(t, err)
 	assert.Equal(t, []int{3, 1, 1, 1, 2}, []int{gen.Allocs, gen.Frees, gen.DuplicateAllocs, gen.OOMs, len(gen.Streams)})
-	for i, ev := range seedEvents(t) {
+	for i, ev := range traceSeedEvents(t) {
 		rt, err := trace.ImportRMMLog(bytes.NewReader(encodeRMM(ev)))
 		require.NoError(t, err, "RMM seed %d", i)
 		allocs := 0
