@@ -10,7 +10,6 @@ import (
 	"runtime"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -313,7 +312,7 @@ func TestTruncationEverywhere(t *testing.T) {
 }
 
 // TestLinearInAdversarialSharing: a tuple referenced many times through the
-// memo is converted once, so decoding stays linear.
+// memo is converted once, so decoding stays within the allocation bound.
 func TestLinearInAdversarialSharing(t *testing.T) {
 	var b bytes.Buffer
 	b.WriteString("(")
@@ -325,15 +324,16 @@ func TestLinearInAdversarialSharing(t *testing.T) {
 		b.WriteString("h\x00")
 	}
 	b.WriteString("e.")
-	start := time.Now()
-	v, err := Decode(b.Bytes())
+	var v any
+	var err error
+	n := allocatedBy(func() { v, err = Decode(b.Bytes()) })
 	require.NoError(t, err)
+	assert.LessOrEqual(t, n, allocBound(b.Len()))
 	list := v.([]any)
 	require.Len(t, list, 100000)
 	first, last := list[0].([]any), list[len(list)-1].([]any)
 	assert.Len(t, first, 10000)
 	assert.Same(t, &first[0], &last[0])
-	assert.Less(t, time.Since(start), 5*time.Second)
 }
 
 func TestDeepNesting(t *testing.T) {
@@ -406,11 +406,9 @@ func tracesDir() (string, error) {
 func TestDecodeRealSnapshot(t *testing.T) {
 	data, err := os.ReadFile(snapshotPath(t, "cs336_ctx128_fullstep.pickle"))
 	require.NoError(t, err)
-	start := time.Now()
 	d := decoder{data: data, budget: KeyWorkPerByte*int64(len(data)) + KeyWorkBase}
 	v, err := d.run()
 	require.NoError(t, err)
-	elapsed := time.Since(start)
 	assert.Zero(t, d.work, "no str key of a real snapshot is long enough to be charged")
 	assert.LessOrEqual(t, allocatedBy(func() { _, _ = Decode(data) }), allocBound(len(data)))
 	m := v.(map[string]any)
@@ -420,9 +418,6 @@ func TestDecodeRealSnapshot(t *testing.T) {
 	assert.Len(t, m["segments"].([]any), 1010)
 	settings := m["allocator_settings"].(map[string]any)
 	assert.Equal(t, false, settings["expandable_segments"])
-	if !raceEnabled {
-		assert.Less(t, elapsed, time.Second, "3 MB snapshot must decode well under a second")
-	}
 }
 
 func BenchmarkDecodeSnapshot(b *testing.B) {
