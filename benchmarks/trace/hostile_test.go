@@ -2,6 +2,7 @@ package trace
 
 import (
 	"encoding/binary"
+	"math"
 	"runtime"
 	"strings"
 	"testing"
@@ -51,4 +52,18 @@ func TestErrorsQuoteLittle(t *testing.T) {
 	require.ErrorIs(t, err, ErrCorrupt)
 	assert.Less(t, len(err.Error()), 200, err.Error())
 	assert.Contains(t, err.Error(), "(61440 bytes)")
+}
+
+// TestSnapshotSegmentSumsSaturate: one segment of 2^62 bytes listed five
+// times (memo references) saturates the sums instead of wrapping.
+func TestSnapshotSegmentSumsSaturate(t *testing.T) {
+	seg := "}\x94(X\x0a\x00\x00\x00total_size\x8a\x08\x00\x00\x00\x00\x00\x00\x00\x40" +
+		"X\x0e\x00\x00\x00allocated_sizeK\x01u"
+	snap := "\x80\x04}(X\x0d\x00\x00\x00device_traces](]eX\x08\x00\x00\x00segments](" + seg +
+		strings.Repeat("h\x00", 4) + "eu."
+	tr, err := ImportPyTorchSnapshot(strings.NewReader(snap), 0)
+	require.NoError(t, err)
+	assert.Equal(t, 5, tr.SnapshotSegments)
+	assert.Equal(t, uint64(math.MaxUint64), tr.SnapshotReserved)
+	assert.Equal(t, uint64(5), tr.SnapshotAllocated)
 }

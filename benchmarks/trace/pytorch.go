@@ -57,8 +57,8 @@ type PyTorchTrace struct {
 	// When it exceeds what the trace accounts for, recording began after
 	// memory had already been reserved.
 	SnapshotSegments  int    // segments
-	SnapshotReserved  uint64 // sum of total_size
-	SnapshotAllocated uint64 // sum of allocated_size
+	SnapshotReserved  uint64 // sum of total_size (saturates at MaxUint64)
+	SnapshotAllocated uint64 // sum of allocated_size (saturates at MaxUint64)
 }
 
 // Reader returns an EventReader over t.Events.
@@ -187,10 +187,19 @@ func (t *PyTorchTrace) readSegments(raw any) error {
 			return fmt.Errorf("%w: segments[%d] lacks non-negative total_size/allocated_size", ErrSnapshot, i)
 		}
 		t.SnapshotSegments++
-		t.SnapshotReserved += uint64(total)
-		t.SnapshotAllocated += uint64(alloc)
+		t.SnapshotReserved = addSaturating(t.SnapshotReserved, uint64(total))
+		t.SnapshotAllocated = addSaturating(t.SnapshotAllocated, uint64(alloc))
 	}
 	return nil
+}
+
+// addSaturating returns a+b, or MaxUint64 when that overflows (a snapshot
+// may list one huge segment many times through the pickle memo).
+func addSaturating(a, b uint64) uint64 {
+	if a+b < a {
+		return math.MaxUint64
+	}
+	return a + b
 }
 
 type liveAlloc struct {
