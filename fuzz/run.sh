@@ -17,6 +17,8 @@ if [ "$#" -gt 0 ]; then
 	targets=("$@")
 else
 	targets=(FuzzAllocator FuzzAllocatorConfig FuzzRealMemory FuzzParseConfig)
+	# The trace readers (fuzz/readers_test.go): untrusted files.
+	targets+=(FuzzPickle FuzzPyTorchSnapshot FuzzRMMLog FuzzBinaryTrace FuzzTextTrace)
 fi
 
 cd "$(dirname "$0")/.."

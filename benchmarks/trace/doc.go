@@ -72,7 +72,11 @@
 //
 // Blank lines are ignored and "#" starts a comment that runs to the end of
 // the line. Comment lines of the form "# key: value" before the first
-// event set Info (keys name, source, device). Events are a keyword,
+// event set Info (keys name, source, device; surrounding white space is
+// trimmed). Such a value obeys the writers' rule, at most 4096 bytes and
+// no line break (a '\r' inside the line counts): otherwise the reader
+// fails with ErrCorrupt, so a text trace that reads can always be written
+// again (converted). Events are a keyword,
 // positional numbers, then key=value fields in any order:
 //
 //	alloc <id> <size> [s=<stream>] [t=<ns>]   alloc 17 1048576 s=0 t=123

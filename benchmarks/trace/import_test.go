@@ -136,14 +136,38 @@ func TestImportPyTorchErrors(t *testing.T) {
 
 func sharedTrace(t testing.TB, name string) string {
 	t.Helper()
-	_, file, _, ok := runtime.Caller(0)
-	require.True(t, ok)
-	// benchmarks/trace -> module root -> ../shared/traces
-	p := filepath.Join(filepath.Dir(file), "..", "..", "..", "shared", "traces", name)
+	dir, err := tracesDir()
+	if err != nil {
+		t.Skipf("trace %s not available: %v", name, err)
+	}
+	p := filepath.Join(dir, name)
 	if _, err := os.Stat(p); err != nil {
 		t.Skipf("trace %s not available: %v", name, err)
 	}
 	return p
+}
+
+// tracesDir finds the real traces kept outside the repository: in
+// $VMMALLOC_TRACES, else in shared/traces beside the module root or beside
+// one of its ancestors (a worktree may sit deeper than the main checkout).
+func tracesDir() (string, error) {
+	if d := os.Getenv("VMMALLOC_TRACES"); d != "" {
+		return d, nil
+	}
+	_, file, _, ok := runtime.Caller(0)
+	if !ok {
+		return "", errors.New("no caller information")
+	}
+	for d := filepath.Dir(file); ; {
+		if st, err := os.Stat(filepath.Join(d, "shared", "traces")); err == nil && st.IsDir() {
+			return filepath.Join(d, "shared", "traces"), nil
+		}
+		up := filepath.Dir(d)
+		if up == d {
+			return "", errors.New("no shared/traces beside the module or its ancestors (set VMMALLOC_TRACES)")
+		}
+		d = up
+	}
 }
 
 // roundGB rounds bytes to GB (1e9) with two decimals, as the traces README

@@ -35,7 +35,7 @@ type PyTorchTrace struct {
 	SegmentFrees    int            // "segment_free" entries
 	SegmentMaps     int            // "segment_map" entries (expandable segments)
 	SegmentUnmaps   int            // "segment_unmap" entries
-	UnknownActions  map[string]int // entries with any other action, by action; nil if none
+	UnknownActions  map[string]int // entries with any other action, by action (its first maxActionName bytes); nil if none
 
 	PeakLive       uint64 // peak of allocated-and-not-yet-freed bytes over the trace
 	LiveAllocsEnd  int    // allocations still live after the last entry
@@ -57,8 +57,8 @@ type PyTorchTrace struct {
 	// When it exceeds what the trace accounts for, recording began after
 	// memory had already been reserved.
 	SnapshotSegments  int    // segments
-	SnapshotReserved  uint64 // sum of total_size
-	SnapshotAllocated uint64 // sum of allocated_size
+	SnapshotReserved  uint64 // sum of total_size (saturates at MaxUint64)
+	SnapshotAllocated uint64 // sum of allocated_size (saturates at MaxUint64)
 }
 
 // Reader returns an EventReader over t.Events.
@@ -66,6 +66,9 @@ func (t *PyTorchTrace) Reader() EventReader { return NewSliceReader(t.Events) }
 
 // maxSnapshotBytes bounds the snapshot size ImportPyTorchSnapshot reads.
 const maxSnapshotBytes = 4 << 30
+
+// maxActionName is how much of an unknown action UnknownActions keeps.
+const maxActionName = 64
 
 // ImportPyTorchSnapshot decodes a PyTorch memory snapshot (the pickle
 // written by torch.cuda.memory._dump_snapshot after
@@ -89,7 +92,9 @@ const maxSnapshotBytes = 4 << 30
 //   - segment_alloc, segment_map / segment_free, segment_unmap: no event;
 //     they build ReservedCurve and PeakReserved.
 //   - oom: counted (the failed request is not replayed); snapshot: ignored;
-//     anything else: counted in UnknownActions.
+//     anything else: counted in UnknownActions, by its first 64 bytes
+//     (so that a long action shared by many entries is not hashed whole
+//     for each).
 //
 // Allocations still live at the end are left live (no Free is invented).
 // A structurally unexpected snapshot yields ErrSnapshot.
@@ -140,8 +145,10 @@ func typeOf(v any) string {
 	switch v.(type) {
 	case nil:
 		return "None"
-	case map[string]any, *pickle.Dict:
+	case map[string]any:
 		return "a dict"
+	case *pickle.Dict:
+		return "a dict with non-str keys"
 	case []any:
 		return "a list"
 	case string:
@@ -180,10 +187,19 @@ func (t *PyTorchTrace) readSegments(raw any) error {
 			return fmt.Errorf("%w: segments[%d] lacks non-negative total_size/allocated_size", ErrSnapshot, i)
 		}
 		t.SnapshotSegments++
-		t.SnapshotReserved += uint64(total)
-		t.SnapshotAllocated += uint64(alloc)
+		t.SnapshotReserved = addSaturating(t.SnapshotReserved, uint64(total))
+		t.SnapshotAllocated = addSaturating(t.SnapshotAllocated, uint64(alloc))
 	}
 	return nil
+}
+
+// addSaturating returns a+b, or MaxUint64 when that overflows (a snapshot
+// may list one huge segment many times through the pickle memo).
+func addSaturating(a, b uint64) uint64 {
+	if a+b < a {
+		return math.MaxUint64
+	}
+	return a + b
 }
 
 type liveAlloc struct {
@@ -337,6 +353,9 @@ func (t *PyTorchTrace) convert(entries []any) error {
 		default:
 			if t.UnknownActions == nil {
 				t.UnknownActions = make(map[string]int)
+			}
+			if len(action) > maxActionName {
+				action = action[:maxActionName]
 			}
 			t.UnknownActions[action]++
 		}

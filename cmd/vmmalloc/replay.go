@@ -314,10 +314,12 @@ func writeTextReport(w io.Writer, in *input, rep *replay.Report, reports []*repl
 		fmt.Fprintf(b, "PyTorch recorded: peak reserved %s for %s peak live (%.4f×), %s segment allocs",
 			replay.FormatBytes(pt.PeakReserved), replay.FormatBytes(pt.PeakLive),
 			ratioOf(pt.PeakReserved, pt.PeakLive), replay.FormatCount(int64(pt.SegmentAllocs)))
-		if v, ok := pt.Settings["PYTORCH_CUDA_ALLOC_CONF"]; ok {
-			fmt.Fprintf(b, ", PYTORCH_CUDA_ALLOC_CONF=%q", fmt.Sprint(v))
+		// Only scalars are printed: a decoded value may be cyclic, or
+		// shared so deeply that printing it would never end.
+		if v, ok := pt.Settings["PYTORCH_CUDA_ALLOC_CONF"].(string); ok {
+			fmt.Fprintf(b, ", PYTORCH_CUDA_ALLOC_CONF=%q", v)
 		}
-		if es, ok := pt.Settings["expandable_segments"]; ok {
+		if es, ok := pt.Settings["expandable_segments"].(bool); ok {
 			fmt.Fprintf(b, ", expandable_segments=%v", es)
 		}
 		fmt.Fprintf(b, "\n")
