@@ -27,6 +27,7 @@ type replayFlags struct {
 	format   string
 	device   int
 	check    bool
+	releases bool
 }
 
 // jsonReport is the --json output: the report's fields at the top level,
@@ -40,12 +41,14 @@ type jsonReport struct {
 	// MinCapacity shadows Report.MinCapacity so that it is present exactly
 	// when the search was asked for.
 	MinCapacity *uint64 `json:"min_capacity_bytes,omitempty"`
-	// PyTorch's own figures, for PyTorch snapshots.
-	PyTorchPeakReserved     *uint64          `json:"pytorch_peak_reserved_bytes,omitempty"`
-	PyTorchPeakLive         *uint64          `json:"pytorch_peak_live_bytes,omitempty"`
-	PyTorchReservedOverLive *float64         `json:"pytorch_reserved_over_live,omitempty"`
-	Stats                   map[string]int64 `json:"stats"`
-	Compare                 []*replay.Report `json:"compare,omitempty"`
+	// PyTorch's own figures, for PyTorch snapshots. The reserved peak and
+	// its ratio are present only when the file lets them be known.
+	PyTorchPeakReservedKnown *bool            `json:"pytorch_peak_reserved_known,omitempty"`
+	PyTorchPeakReserved      *uint64          `json:"pytorch_peak_reserved_bytes,omitempty"`
+	PyTorchPeakLive          *uint64          `json:"pytorch_peak_live_bytes,omitempty"`
+	PyTorchReservedOverLive  *float64         `json:"pytorch_reserved_over_live,omitempty"`
+	Stats                    map[string]int64 `json:"stats"`
+	Compare                  []*replay.Report `json:"compare,omitempty"`
 }
 
 func cmdReplay(args []string, stdout, stderr io.Writer) error {
@@ -61,6 +64,7 @@ func cmdReplay(args []string, stdout, stderr io.Writer) error {
 	fs.StringVar(&f.format, "format", fmtAuto, "input format: auto, binary, text, pytorch or rmm")
 	fs.IntVar(&f.device, "device", 0, "device index of a PyTorch snapshot")
 	fs.BoolVar(&f.check, "check", false, "check the allocator's invariants after the replay")
+	fs.BoolVar(&f.releases, "releases", true, "apply the cache releases the trace records (empty_cache events; a PyTorch snapshot's segment frees); --releases=false ignores them")
 	pos, err := parseArgs(fs, args)
 	if err != nil {
 		return err
@@ -79,7 +83,7 @@ func cmdReplay(args []string, stdout, stderr io.Writer) error {
 	if err != nil {
 		return usagef("--config: %w", err)
 	}
-	opts := replay.Options{Name: policyLabel(f.config, cfg), Config: cfg, Check: f.check}
+	opts := replay.Options{Name: policyLabel(f.config, cfg), Config: cfg, Check: f.check, IgnoreReleases: !f.releases}
 	if f.capacity != "" {
 		c, err := humanize.ParseBytes(f.capacity)
 		if err != nil || c == 0 {
@@ -221,9 +225,12 @@ func writeJSON(w io.Writer, in *input, rep *replay.Report, reports []*replay.Rep
 		out.MinCapacity = &mc
 	}
 	if pt := in.pytorch; pt != nil {
-		pr, pl := pt.PeakReserved, pt.PeakLive
-		out.PyTorchPeakReserved, out.PyTorchPeakLive = &pr, &pl
-		if pl > 0 {
+		pr, pl, known := pt.PeakReserved, pt.PeakLive, pt.PeakReservedKnown
+		out.PyTorchPeakLive, out.PyTorchPeakReservedKnown = &pl, &known
+		if known {
+			out.PyTorchPeakReserved = &pr
+		}
+		if known && pl > 0 {
 			r := float64(pr) / float64(pl)
 			out.PyTorchReservedOverLive = &r
 		}
@@ -244,9 +251,14 @@ func writeTextReport(w io.Writer, in *input, rep *replay.Report, reports []*repl
 	}
 	fmt.Fprintf(b, ")\n")
 	if pt := in.pytorch; pt != nil {
-		fmt.Fprintf(b, "PyTorch recorded: peak reserved %s for %s peak live (%.4f×), %d segment allocs",
-			replay.FormatBytes(pt.PeakReserved), replay.FormatBytes(pt.PeakLive),
-			ratioOf(pt.PeakReserved, pt.PeakLive), pt.SegmentAllocs)
+		if pt.PeakReservedKnown {
+			fmt.Fprintf(b, "PyTorch recorded: peak reserved %s for %s peak live (%.4f×), %d segment allocs",
+				replay.FormatBytes(pt.PeakReserved), replay.FormatBytes(pt.PeakLive),
+				ratioOf(pt.PeakReserved, pt.PeakLive), pt.SegmentAllocs)
+		} else {
+			fmt.Fprintf(b, "PyTorch recorded: peak reserved unknown (the file starts mid-run or lacks segment events) for %s peak live, %d segment allocs",
+				replay.FormatBytes(pt.PeakLive), pt.SegmentAllocs)
+		}
 		if v, ok := pt.Settings["PYTORCH_CUDA_ALLOC_CONF"]; ok {
 			fmt.Fprintf(b, ", PYTORCH_CUDA_ALLOC_CONF=%q", fmt.Sprint(v))
 		}
@@ -254,6 +266,10 @@ func writeTextReport(w io.Writer, in *input, rep *replay.Report, reports []*repl
 			fmt.Fprintf(b, ", expandable_segments=%v", es)
 		}
 		fmt.Fprintf(b, "\n")
+		if pt.Releases > 0 {
+			fmt.Fprintf(b, "        %d cache releases inferred from %d segment frees/unmaps (%d applied)\n",
+				pt.Releases, pt.SegmentFrees+pt.SegmentUnmaps, rep.ReleasesApplied)
+		}
 		if pt.UnmatchedFrees > 0 {
 			fmt.Fprintf(b, "        %d frees of blocks allocated before the trace began were skipped\n", pt.UnmatchedFrees)
 		}
