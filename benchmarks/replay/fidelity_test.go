@@ -71,7 +71,8 @@ func TestFidelityClassic(t *testing.T) {
 
 // TestReplayReleases replays a two-stream trace whose program released the
 // cache between the streams' allocations: honoured, the second stream
-// reuses the memory; ignored, both streams' memory stays reserved.
+// reuses the memory; ignored, classic keeps both streams' memory reserved
+// while expandable takes the idle stream's memory back.
 func TestReplayReleases(t *testing.T) {
 	const mb = 1 << 20
 	events := []trace.Event{
@@ -92,6 +93,9 @@ func TestReplayReleases(t *testing.T) {
 		{"classic honoured", "expandable_segments:False", false, 100 * mb, 1, 0},
 		{"classic ignored", "expandable_segments:False", true, 200 * mb, 0, 1},
 		{"expandable honoured", "", false, 100 * mb, 1, 0},
+		// Expandable takes the idle stream's memory back by itself.
+		{"expandable ignored", "", true, 100 * mb, 0, 1},
+		{"expandable without reclaim, ignored", "defrag_threshold:off", true, 200 * mb, 0, 1},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
