@@ -28,16 +28,20 @@ import (
 //
 // Safety: a block on stream T's free list was last used by work queued on
 // T before its Free (uses on other streams keep it PendingFree until their
-// events complete, so it is not on the list). An event recorded on T now
-// and found complete by a non-blocking EventQuery proves that all such work
-// has finished, so T's free handles can be unmapped and handed to another
-// stream. A stream whose probe is not complete, or whose record or query
-// fails, is skipped: growth never waits for another stream.
+// events complete, so it is not on the list). An event recorded on T and
+// found complete by a non-blocking EventQuery proves that all such work
+// has finished for every block freed before the record, so T's free
+// handles can be unmapped or handed to another stream. The answer holds
+// until the next block is freed to T (streamState.idle; memory taken from
+// the free list, or fresh mappings added to it, were never used since).
+// A stream whose probe is not complete, or whose record or query fails,
+// is skipped: growth never waits for another stream.
 //
 // Cost: the slow path only (a Malloc that its stream's free list cannot
 // serve, in an expandable pool with another stream holding free memory):
 // two driver calls (EventRecord, EventQuery) per stream probed, most free
-// bytes first, and probed only when it has a block that would serve.
+// bytes first, probed only when it has a block that would serve and
+// nothing was freed to it since its last successful probe.
 // Adoption saves the growth's driver calls; reclaiming trades another
 // stream's cached memory for fewer bytes reserved.
 
@@ -176,10 +180,14 @@ func (a *Allocator) reclaimCandidates(ss *streamState, p *pool) []*streamState {
 	return cands
 }
 
-// streamIdle reports, without waiting, whether all work queued on t so far
-// has completed: it records an event on t and queries it. Any failure
-// answers false. mu held.
+// streamIdle reports, without waiting, whether the work that used the
+// blocks in t's free lists has completed. An earlier answer stands while no
+// block has been freed to t (t.idle); otherwise it records an event on t
+// and queries it. Any failure answers false. mu held.
 func (a *Allocator) streamIdle(t *streamState) bool {
+	if t.idle {
+		return true
+	}
 	ev, err := a.getEvent()
 	if err != nil {
 		return false
@@ -189,5 +197,6 @@ func (a *Allocator) streamIdle(t *streamState) bool {
 		return false
 	}
 	done, err := a.drv.EventQuery(ev)
-	return err == nil && done
+	t.idle = err == nil && done
+	return t.idle
 }
