@@ -15,10 +15,10 @@ import (
 // steps take memory back from other streams whose queued work has
 // completed:
 //
-//  1. adoptFromStreams: another stream's free block that holds enough whole
-//     handles for the request changes hands: the handles stay mapped where
-//     they are and only their stream changes (no driver call but the
-//     probe below).
+//  1. adoptFromStreams: a run of adjacent free blocks of ss and of idle
+//     streams that holds enough whole handles for the request changes
+//     hands: the handles stay mapped where they are and only their stream
+//     changes (no driver call but the probe below).
 //  2. reclaimBeforeGrow: when no single block is large enough and the pool
 //     would grow past its defrag limit, other streams' free whole handles
 //     are unmapped (to the handle cache) and the growth that follows maps
@@ -39,84 +39,121 @@ import (
 //
 // Cost: the slow path only (a Malloc that its stream's free list cannot
 // serve, in an expandable pool with another stream holding free memory):
-// two driver calls (EventRecord, EventQuery) per stream probed, most free
-// bytes first, probed only when it has a block that would serve and
-// nothing was freed to it since its last successful probe.
+// two driver calls (EventRecord, EventQuery) per stream probed, probed
+// only when a free block of it is met and nothing was freed to it since its
+// last successful probe; adoption walks the pool's blocks, O(blocks).
 // Adoption saves the growth's driver calls; reclaiming trades another
 // stream's cached memory for fewer bytes reserved.
 
-// adoptFromStreams finds, among other streams whose queued work has
-// completed, a free block of pool p holding at least rounded bytes of whole
-// handles, and gives the fewest of those handles that make rounded bytes,
-// from the block's high end, to ss. It returns them as a free block of ss,
+// adoptFromStreams finds the lowest run of adjacent free blocks of pool p,
+// each of ss or of a stream whose queued work has completed, that holds at
+// least rounded bytes of whole handles, and gives the fewest of those
+// handles that make rounded bytes, from the run's high end, to ss. Free
+// blocks of different streams never coalesce, so memory that changed hands
+// often lies in such runs. It returns the handles as one free block of ss,
 // merged with ss's free neighbours, out of any list; or nil. mu held.
 func (a *Allocator) adoptFromStreams(ss *streamState, p *pool, rounded uint64) *arena.Block {
 	if len(a.streams) < 2 {
 		return nil
 	}
-	for _, t := range a.reclaimCandidates(ss, p) {
-		if t.free[p.idx].Bytes() < rounded {
+	var avail uint64
+	for _, t := range a.streams {
+		avail += t.free[p.idx].Bytes()
+	}
+	if avail < rounded {
+		return nil
+	}
+	var busy []*streamState // streams found busy by this call
+	usable := func(b *arena.Block) bool {
+		if b.State != arena.Free {
+			return false
+		}
+		if b.Stream == ss.stream {
+			return true
+		}
+		t := a.streams[b.Stream]
+		if t == nil || slices.Contains(busy, t) {
+			return false
+		}
+		if a.streamIdle(t) {
+			return true
+		}
+		busy = append(busy, t)
+		return false
+	}
+	for _, sg := range a.segs {
+		if sg.pool != p || !sg.expandable {
 			continue
 		}
-		b, lo, hi := a.adoptable(t, p, rounded)
-		if b == nil || !a.streamIdle(t) {
-			continue
+		var start *arena.Block
+		var runLen uint64
+		for b := sg.r.Head; b != nil; b = b.Next {
+			if !usable(b) {
+				start = nil
+				continue
+			}
+			if start == nil {
+				start, runLen = b, 0
+			}
+			runLen += b.Size
+			if runLen < rounded {
+				continue
+			}
+			lo, hi := sg.s.WholeHandles(uint64(start.Addr-sg.r.Base), runLen, rounded)
+			if hi-lo >= rounded {
+				return a.adoptRange(ss, p, sg, start, lo, hi)
+			}
 		}
-		return a.adopt(ss, t, p, b, lo, hi)
 	}
 	return nil
 }
 
-// adoptable returns the smallest free expandable block of t in pool p
-// that holds at least rounded bytes of whole handles, and the segment
-// offsets [lo, hi) of the fewest of them, from its high end, that make
-// rounded bytes; or nil. mu held.
-func (a *Allocator) adoptable(t *streamState, p *pool, rounded uint64) (found *arena.Block, lo, hi uint64) {
-	t.free[p.idx].Each(func(b *arena.Block) bool {
-		if b.Size < rounded {
-			return true
+// adoptRange gives the segment offsets [lo, hi), whole handles inside the
+// run of free blocks beginning at start, to ss: the blocks (or their parts)
+// inside it leave their streams' free lists and become one free block of
+// ss, merged with ss's free neighbours and returned out of any list. Parts
+// outside it stay with their streams: lo and hi are handle boundaries, so
+// every handle still holds blocks of one stream. mu held.
+func (a *Allocator) adoptRange(ss *streamState, p *pool, sg *seg, start *arena.Block, lo, hi uint64) *arena.Block {
+	base := sg.r.Base
+	var first *arena.Block
+	for b := start; b != nil && uint64(b.Addr-base) < hi; {
+		next := b.Next
+		off := uint64(b.Addr - base)
+		if off+b.Size <= lo {
+			b = next
+			continue
 		}
-		sg := b.Region.Owner.(*seg)
-		if !sg.expandable {
-			return true
+		fl := a.streams[b.Stream].free[p.idx]
+		fl.Remove(b)
+		piece := b
+		if off < lo {
+			piece = arena.Split(&a.bpool, b, lo-off)
+			fl.Insert(b)
+			off = lo
 		}
-		l, h := sg.s.WholeHandles(uint64(b.Addr-sg.r.Base), b.Size, rounded)
-		if h-l < rounded {
-			return true
+		if off+piece.Size > hi {
+			fl.Insert(arena.Split(&a.bpool, piece, hi-off))
 		}
-		found, lo, hi = b, l, h
-		return false // Each yields ascending sizes: the first is the smallest
-	})
-	return found, lo, hi
-}
-
-// adopt moves the whole handles [lo, hi) of free block b from t to ss.
-// mu held.
-func (a *Allocator) adopt(ss, t *streamState, p *pool, b *arena.Block, lo, hi uint64) *arena.Block {
-	sg := b.Region.Owner.(*seg)
-	tfl := t.free[p.idx]
-	tfl.Remove(b)
-	off := uint64(b.Addr - sg.r.Base)
-	piece := b
-	if lo > off {
-		piece = arena.Split(&a.bpool, b, lo-off)
-		tfl.Insert(b)
+		piece.Stream = ss.stream
+		if first == nil {
+			first = piece
+		} else {
+			arena.Merge(&a.bpool, first) // first ends where piece begins
+		}
+		b = first.Next
 	}
-	if piece.Size > hi-lo {
-		tfl.Insert(arena.Split(&a.bpool, piece, hi-lo))
-	}
-	piece.Stream = ss.stream
 	fl := ss.free[p.idx]
-	if prev := piece.Prev; prev != nil && prev.State == arena.Free && prev.Stream == ss.stream && fl.Contains(prev) {
+	if prev := first.Prev; prev != nil && prev.State == arena.Free && prev.Stream == ss.stream && fl.Contains(prev) {
 		fl.Remove(prev)
 		arena.Merge(&a.bpool, prev)
-		piece = prev
+		first = prev
 	}
-	if next := piece.Next; next != nil && next.State == arena.Free && next.Stream == ss.stream && fl.Contains(next) {
+	if next := first.Next; next != nil && next.State == arena.Free && next.Stream == ss.stream && fl.Contains(next) {
 		fl.Remove(next)
-		arena.Merge(&a.bpool, piece)
+		arena.Merge(&a.bpool, first)
 	}
-	return piece
+	return first
 }
 
 // reclaimBeforeGrow unmaps other streams' free handles in pool p, for a

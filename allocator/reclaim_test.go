@@ -226,3 +226,33 @@ func TestReclaimNeverUnderPendingWork(t *testing.T) {
 		assert.Zero(t, a.MemoryReserved())
 	}
 }
+
+// TestAdoptRunAcrossStreams: adjacent free blocks of two idle streams (which
+// never coalesce, being of different streams) together serve a third
+// stream's request where they are mapped.
+func TestAdoptRunAcrossStreams(t *testing.T) {
+	a, e := newAlloc(t, "")
+	var s [3]backend.Stream
+	for i := range s {
+		var err error
+		s[i], err = e.StreamCreate(0)
+		require.NoError(t, err)
+	}
+	p1, err := a.Malloc(20*mib, s[0])
+	require.NoError(t, err)
+	p2, err := a.Malloc(20*mib, s[1])
+	require.NoError(t, err)
+	require.Equal(t, p1+20*mib, p2, "the heap grows upwards")
+	require.NoError(t, a.Free(p1))
+	require.NoError(t, a.Free(p2))
+	reserved, maps := a.MemoryReserved(), mapCalls(e)
+	q, err := a.Malloc(40*mib, s[2])
+	require.NoError(t, err)
+	assert.Equal(t, p1, q)
+	assert.Equal(t, reserved, a.MemoryReserved())
+	assert.Equal(t, maps, mapCalls(e), "no map call")
+	mustCheck(t, a, e)
+	require.NoError(t, a.Free(q))
+	mustCheck(t, a, e)
+	assert.Empty(t, e.Violations())
+}
