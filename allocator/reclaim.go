@@ -45,11 +45,20 @@ import (
 // Adoption saves the growth's driver calls; reclaiming trades another
 // stream's cached memory for fewer bytes reserved.
 
+// Above adoptExactNum/adoptExactDen of the memory the process may use
+// (per_process_memory_fraction), adoption takes only runs of whole handles
+// that exceed the request by less than a granule.
+const (
+	adoptExactNum = 3
+	adoptExactDen = 4
+)
+
 // adoptFromStreams finds the lowest run of adjacent free blocks of pool p,
 // each of ss or of a stream whose queued work has completed, that holds at
 // least rounded bytes of whole handles, and gives the fewest of those
-// handles that make rounded bytes, from the run's high end, to ss. Free
-// blocks of different streams never coalesce, so memory that changed hands
+// handles that make rounded bytes, from the run's high end, to ss (near
+// the memory limit, only if they exceed rounded by less than a granule).
+// Free blocks of different streams never coalesce, so memory that changed hands
 // often lies in such runs. It returns the handles as one free block of ss,
 // merged with ss's free neighbours, out of any list; or nil. mu held.
 func (a *Allocator) adoptFromStreams(ss *streamState, p *pool, rounded uint64) *arena.Block {
@@ -63,6 +72,11 @@ func (a *Allocator) adoptFromStreams(ss *streamState, p *pool, rounded uint64) *
 	if avail < rounded {
 		return nil
 	}
+	// Whole handles may hold up to a page more than the request; the rest
+	// stays free inside a handle the request uses, where no other stream
+	// can have it and no release can unmap it. Growth cuts a handle to
+	// size instead. Near the memory limit, adopt only what fits as well.
+	exact := uint64(a.st.ReservedBytes[0].Current) > a.allowed/adoptExactDen*adoptExactNum
 	var busy []*streamState // streams found busy by this call
 	usable := func(b *arena.Block) bool {
 		if b.State != arena.Free {
@@ -100,7 +114,7 @@ func (a *Allocator) adoptFromStreams(ss *streamState, p *pool, rounded uint64) *
 				continue
 			}
 			lo, hi := sg.s.WholeHandles(uint64(start.Addr-sg.r.Base), runLen, rounded)
-			if hi-lo >= rounded {
+			if hi-lo >= rounded && (!exact || hi-lo-rounded < a.gran) {
 				return a.adoptRange(ss, p, sg, start, lo, hi)
 			}
 		}

@@ -256,3 +256,45 @@ func TestAdoptRunAcrossStreams(t *testing.T) {
 	mustCheck(t, a, e)
 	assert.Empty(t, e.Violations())
 }
+
+// TestAdoptExactNearLimit: adopting whole handles may take up to a page
+// more than asked; near the memory limit, where that rest would be
+// stranded, only runs that fit within a granule are adopted and growth
+// (through the out-of-memory ladder here) cuts handles to size instead.
+func TestAdoptExactNearLimit(t *testing.T) {
+	tests := []struct {
+		name     string
+		capacity uint64
+		adopted  bool
+	}{
+		{"plenty of memory", 8 << 30, true},
+		{"above 3/4 of the device", 80 * mib, false},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			a, e := newAlloc(t, "", emulated.WithCapacity(tc.capacity))
+			s1, err := e.StreamCreate(0)
+			require.NoError(t, err)
+			s2, err := e.StreamCreate(0)
+			require.NoError(t, err)
+			p, err := a.Malloc(62*mib, s1) // handles of 20, 20, 20 and 2 MiB
+			require.NoError(t, err)
+			require.NoError(t, a.Free(p))
+			maps := mapCalls(e)
+			q, err := a.Malloc(30*mib, s2) // the top 2+20+20 MiB would leave 12 MiB stranded
+			require.NoError(t, err)
+			if tc.adopted {
+				assert.Equal(t, p+20*mib, q, "the fewest whole handles from the run's high end")
+				assert.Equal(t, maps, mapCalls(e))
+				assert.Equal(t, uint64(62*mib), a.MemoryReserved())
+			} else {
+				assert.Greater(t, mapCalls(e), maps, "handles cut to size")
+				assert.LessOrEqual(t, a.MemoryReserved(), uint64(62*mib))
+			}
+			mustCheck(t, a, e)
+			require.NoError(t, a.Free(q))
+			mustCheck(t, a, e)
+			assert.Empty(t, e.Violations())
+		})
+	}
+}
