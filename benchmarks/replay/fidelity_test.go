@@ -110,3 +110,45 @@ func TestReplayReleases(t *testing.T) {
 		})
 	}
 }
+
+// TestSharedTracesTargets replays every shared snapshot with the default
+// expandable policy, honouring the releases it records, and requires peak
+// reserved at most PyTorch's recorded peak wherever the file lets it be
+// known and a minimum capacity within 1% of peak live wherever peak live
+// is at least 1 GB. On the multi-stream trace it also requires reserved /
+// live ≤ 1.10 with the releases ignored: the policy keeps close to live
+// without the program's help.
+func TestSharedTracesTargets(t *testing.T) {
+	if testing.Short() {
+		t.Skip("replays every shared trace with a capacity search")
+	}
+	for _, ns := range sharedSnapshots(t) {
+		t.Run(ns.name, func(t *testing.T) {
+			pt := ns.pt
+			rep, err := Run(pt.Reader(), Options{Check: true, MaxSamples: -1})
+			require.NoError(t, err)
+			require.Zero(t, rep.OOMs)
+			if pt.PeakReservedKnown {
+				assert.LessOrEqual(t, rep.PeakReserved, pt.PeakReserved, "no more than PyTorch reserved")
+			}
+			if rep.PeakLive >= 1e9 {
+				res, err := SearchMinCapacity(pt.Events, allocator.DefaultConfig(), Options{})
+				require.NoError(t, err)
+				assert.LessOrEqual(t, res.OverLive, 1.01, "min capacity / peak live")
+			}
+			ignored, err := Run(pt.Reader(), Options{Check: true, MaxSamples: -1, IgnoreReleases: true})
+			require.NoError(t, err)
+			assert.Equal(t, int64(pt.Releases), ignored.ReleasesIgnored)
+			if len(pt.Streams) > 2 {
+				assert.LessOrEqual(t, ignored.ReservedOverLive, 1.10, "multi-stream, releases ignored")
+			}
+			recorded := "unknown"
+			if pt.PeakReservedKnown {
+				recorded = FormatBytes(pt.PeakReserved)
+			}
+			t.Logf("live %s, PyTorch reserved %s, expandable %.4f (releases ignored %.4f), %d driver calls (%d)",
+				FormatBytes(rep.PeakLive), recorded, rep.ReservedOverLive, ignored.ReservedOverLive,
+				rep.DriverCallsTotal, ignored.DriverCallsTotal)
+		})
+	}
+}
