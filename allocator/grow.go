@@ -150,6 +150,7 @@ func (a *Allocator) growExpandable(ss *streamState, p *pool, rounded uint64) (*a
 		if b := a.adoptFromStreams(ss, p, rounded); b != nil {
 			return b, nil // another stream's idle handles, mapped where they are
 		}
+		defer a.holdForGrowth(p, rounded)() // handles unmapped now are remapped below
 		a.reclaimBeforeGrow(ss, p, rounded) // other streams first: no wait
 		a.defragBeforeGrow(ss, p, rounded)
 	}

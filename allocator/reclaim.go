@@ -251,3 +251,17 @@ func (a *Allocator) streamIdle(t *streamState) bool {
 	t.idle = err == nil && done
 	return t.idle
 }
+
+// holdForGrowth lets pool p's handle cache keep, beyond handle_cache_mb,
+// the full-size handles that releases before a growth of rounded bytes
+// unmap, so that the growth maps them again instead of freeing them and
+// creating new ones; the returned function restores the limit and frees
+// what the growth did not use. mu held.
+func (a *Allocator) holdForGrowth(p *pool, rounded uint64) func() {
+	limit := p.cache.Max()
+	p.cache.SetMax(limit + int(roundUp(rounded, p.pageSize)/p.pageSize))
+	return func() {
+		p.cache.SetMax(limit)
+		_ = p.cache.Trim(limit) // a failed free keeps the handle cached; a later trim retries
+	}
+}
