@@ -298,3 +298,32 @@ func TestAdoptExactNearLimit(t *testing.T) {
 		})
 	}
 }
+
+// TestAdoptProbeFails: when the probes of the other stream fail (event
+// record or query), none of its memory is taken and the request is served
+// by growth.
+func TestAdoptProbeFails(t *testing.T) {
+	for _, op := range []backend.Op{backend.OpEventRecord, backend.OpEventQuery} {
+		t.Run(op.String(), func(t *testing.T) {
+			a, e := newAlloc(t, "")
+			s1, err := e.StreamCreate(0)
+			require.NoError(t, err)
+			s2, err := e.StreamCreate(0)
+			require.NoError(t, err)
+			p, err := a.Malloc(40*mib, s1)
+			require.NoError(t, err)
+			require.NoError(t, a.Free(p))
+			// Both probes fail: the adoption's and the reclaim's.
+			require.NoError(t, e.FailNth(op, 1, backend.ErrUnavailable))
+			require.NoError(t, e.FailNth(op, 2, backend.ErrUnavailable))
+			q, err := a.Malloc(40*mib, s2)
+			require.NoError(t, err)
+			assert.Equal(t, int64(2), e.Failures(op))
+			assert.NotEqual(t, p, q, "not adopted without a successful probe")
+			assert.Equal(t, uint64(80*mib), a.MemoryReserved())
+			mustCheck(t, a, e)
+			require.NoError(t, a.Free(q))
+			mustCheck(t, a, e)
+		})
+	}
+}
