@@ -18,8 +18,9 @@
 //	--compare        replay the default policy set, search each one's minimum capacity, print a table
 //	--json           print the report as JSON
 //	--svg file       write a plot of allocated vs reserved memory over time
+//	--releases=false ignore the cache releases the trace records (a PyTorch snapshot's segment frees)
 //
-// gen writes --kind training|inference|mix with --seed in --format
+// gen writes --kind training|inference|mix|multistream with --seed in --format
 // binary|text to -o. convert reads any input format and writes binary or
 // text (--to, or from the -o extension: .txt is text).
 //
