@@ -281,7 +281,7 @@ func TestReplayJSON(t *testing.T) {
 
 func TestGenAndConvert(t *testing.T) {
 	dir := t.TempDir()
-	for _, kind := range []string{"training", "inference", "mix"} {
+	for _, kind := range []string{"training", "inference", "mix", "multistream"} {
 		t.Run(kind, func(t *testing.T) {
 			bin := filepath.Join(dir, kind+".bin")
 			code, _, errs := runCLI("gen", "--kind", kind, "--seed", "3", "-o", bin)
