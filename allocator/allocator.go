@@ -51,6 +51,10 @@ type streamState struct {
 	stream backend.Stream
 	free   [2]*arena.FreeList // free mapped blocks of this stream, per pool
 	queue  []pendingEvent     // events recorded on this stream, oldest first
+	// idle: an event recorded on the stream was found complete and no
+	// block has been freed to it since, so every block in its free lists
+	// may go to another stream (reclaim.go). Cleared by freeBlock.
+	idle bool
 }
 
 // pendingEvent is an event recorded on a stream that a PendingFree block
@@ -396,6 +400,7 @@ func (a *Allocator) freeBlock(b *arena.Block) {
 	if ss == nil || ss.stream != b.Stream {
 		ss = a.streams[b.Stream]
 	}
+	ss.idle = false
 	p := &a.pools[poolIdx(b)]
 	fl := ss.free[p.idx]
 	a.st.Active.Dec(p.kind, 1)

@@ -39,7 +39,11 @@
 // handle belongs to that stream; once the stream's blocks in a handle are
 // all free they coalesce, and the handle can be unmapped after
 // synchronising only that stream. Unmapped address space belongs to no
-// stream, so every stream of a pool shares one reservation.
+// stream, so every stream of a pool shares one reservation. Before a pool
+// grows, free handles of other streams whose queued work has completed (a
+// non-blocking event query says so) change hands where they are mapped, or
+// are unmapped and remapped where the heap grows (reclaim.go), so many
+// streams reserve about the peak of their sum, not the sum of their peaks.
 //
 // # Address-space budget
 //

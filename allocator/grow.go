@@ -147,6 +147,11 @@ func (a *Allocator) growClassic(ss *streamState, p *pool, rounded uint64) (*aren
 // budget allows. mu held.
 func (a *Allocator) growExpandable(ss *streamState, p *pool, rounded uint64) (*arena.Block, error) {
 	if a.cfg.DefragThreshold >= 0 {
+		if b := a.adoptFromStreams(ss, p, rounded); b != nil {
+			return b, nil // another stream's idle handles, mapped where they are
+		}
+		defer a.holdForGrowth(p, rounded)() // handles unmapped now are remapped below
+		a.reclaimBeforeGrow(ss, p, rounded) // other streams first: no wait
 		a.defragBeforeGrow(ss, p, rounded)
 	}
 	fl := ss.free[p.idx]

@@ -86,6 +86,12 @@ type Options struct {
 	// steady state after a warm-up, where a caching allocator should make
 	// none.
 	SteadyFromMark uint64
+	// IgnoreReleases skips EmptyCache events (counted in
+	// Report.ReleasesIgnored) instead of applying them. The PyTorch
+	// importer turns the cache releases a snapshot records into EmptyCache
+	// events, so this replays what the allocator alone would reserve
+	// without the program's (or PyTorch's out-of-memory) releases.
+	IgnoreReleases bool
 }
 
 // Sample is the state of the replay after Event events.
@@ -119,8 +125,12 @@ type Report struct {
 	RecordStreams int64 `json:"record_streams"` // RecordStream events
 	StreamSyncs   int64 `json:"stream_syncs"`   // StreamSync events
 	EmptyCaches   int64 `json:"empty_caches"`   // EmptyCache events
-	Marks         int64 `json:"marks"`          // Mark events
-	Streams       int   `json:"streams"`        // distinct non-default trace streams (emulator streams created)
+	// ReleasesApplied counts the EmptyCache events applied and
+	// ReleasesIgnored those skipped (Options.IgnoreReleases).
+	ReleasesApplied int64 `json:"releases_applied"`
+	ReleasesIgnored int64 `json:"releases_ignored,omitempty"`
+	Marks           int64 `json:"marks"`   // Mark events
+	Streams         int   `json:"streams"` // distinct non-default trace streams (emulator streams created)
 
 	SkippedFrees    int64 `json:"skipped_frees"`    // Free of an id that was never allocated or already freed
 	FailedFrees     int64 `json:"failed_frees"`     // Free of an id whose Alloc ran out of memory
@@ -555,6 +565,11 @@ func (r *runner) apply(e trace.Event, n int64) error {
 		}
 	case trace.EmptyCache:
 		rep.EmptyCaches++
+		if r.opts.IgnoreReleases {
+			rep.ReleasesIgnored++
+			return nil
+		}
+		rep.ReleasesApplied++
 		if err := r.a.EmptyCache(); err != nil {
 			return fmt.Errorf("replay: event %d (%v): %w", n, e, err)
 		}

@@ -101,5 +101,8 @@
 // anything but plain data. ImportRMMLog reads RMM's logging_resource_adaptor
 // CSV. Both key allocations by address, assign fresh sequential ids, and
 // count (rather than fail on) frees they cannot match, as happens when
-// recording started mid-run.
+// recording started mid-run. The PyTorch importer also turns each run of
+// segment_free/segment_unmap entries (PyTorch releasing its cache) into an
+// EmptyCache event, and says whether the file lets PyTorch's reserved peak
+// be known (PyTorchTrace.PeakReservedKnown).
 package trace

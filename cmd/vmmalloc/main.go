@@ -23,11 +23,12 @@
 //	--strict         fail on frees of unknown blocks and allocations of live ones
 //	--json           print the report as JSON (--samples adds the time series)
 //	--svg file       write a plot of memory over time (every policy with --compare)
+//	--releases=false ignore the cache releases the trace records (a PyTorch snapshot's segment frees)
 //
 // sweep replays a grid of policies × traces, one run per core at a time,
 // searching each run's minimum capacity; it prints a Markdown table and
 // writes PREFIX.md, PREFIX.csv and PREFIX.svg (min capacity against driver
-// calls). gen writes --kind training|inference|mix with --seed in --format
+// calls). gen writes --kind training|inference|mix|multistream with --seed in --format
 // binary|text to -o. convert reads any input format and writes binary or
 // text (--to, or from the -o extension: .txt is text).
 //

@@ -29,6 +29,7 @@ type replayFlags struct {
 	check    bool
 	allowOOM bool
 	strict   bool
+	releases bool
 }
 
 // jsonReport is the --json output: the report's fields at the top level,
@@ -42,12 +43,14 @@ type jsonReport struct {
 	// MinCapacity shadows Report.MinCapacity so that it is present exactly
 	// when the search was asked for.
 	MinCapacity *uint64 `json:"min_capacity_bytes,omitempty"`
-	// PyTorch's own figures, for PyTorch snapshots.
-	PyTorchPeakReserved     *uint64          `json:"pytorch_peak_reserved_bytes,omitempty"`
-	PyTorchPeakLive         *uint64          `json:"pytorch_peak_live_bytes,omitempty"`
-	PyTorchReservedOverLive *float64         `json:"pytorch_reserved_over_live,omitempty"`
-	Stats                   map[string]int64 `json:"stats"`
-	Compare                 []*replay.Report `json:"compare,omitempty"`
+	// PyTorch's own figures, for PyTorch snapshots. The reserved peak and
+	// its ratio are present only when the file lets them be known.
+	PyTorchPeakReservedKnown *bool            `json:"pytorch_peak_reserved_known,omitempty"`
+	PyTorchPeakReserved      *uint64          `json:"pytorch_peak_reserved_bytes,omitempty"`
+	PyTorchPeakLive          *uint64          `json:"pytorch_peak_live_bytes,omitempty"`
+	PyTorchReservedOverLive  *float64         `json:"pytorch_reserved_over_live,omitempty"`
+	Stats                    map[string]int64 `json:"stats"`
+	Compare                  []*replay.Report `json:"compare,omitempty"`
 }
 
 func cmdReplay(args []string, stdout, stderr io.Writer) error {
@@ -65,6 +68,7 @@ func cmdReplay(args []string, stdout, stderr io.Writer) error {
 	fs.BoolVar(&f.check, "check", false, "check the allocator's invariants after the replay")
 	fs.BoolVar(&f.allowOOM, "allow-oom", false, "exit 0 even when the replay runs out of device memory (exit status 4 otherwise)")
 	fs.BoolVar(&f.strict, "strict", false, "fail when the trace frees unknown blocks or allocates blocks already live")
+	fs.BoolVar(&f.releases, "releases", true, "apply the cache releases the trace records (empty_cache events; a PyTorch snapshot's segment frees); --releases=false ignores them")
 	pos, err := parseArgs(fs, args)
 	if err != nil {
 		return err
@@ -86,7 +90,7 @@ func cmdReplay(args []string, stdout, stderr io.Writer) error {
 	if err != nil {
 		return err
 	}
-	opts := replay.Options{Name: policyLabel(given, cfg), Config: cfg, Check: f.check}
+	opts := replay.Options{Name: policyLabel(given, cfg), Config: cfg, Check: f.check, IgnoreReleases: !f.releases}
 	if f.capacity != "" {
 		c, err := humanize.ParseBytes(f.capacity)
 		if err != nil || c == 0 {
@@ -288,9 +292,12 @@ func writeJSON(w io.Writer, in *input, rep *replay.Report, reports []*replay.Rep
 		out.MinCapacity = &mc
 	}
 	if pt := in.pytorch; pt != nil {
-		pr, pl := pt.PeakReserved, pt.PeakLive
-		out.PyTorchPeakReserved, out.PyTorchPeakLive = &pr, &pl
-		if pl > 0 {
+		pr, pl, known := pt.PeakReserved, pt.PeakLive, pt.PeakReservedKnown
+		out.PyTorchPeakLive, out.PyTorchPeakReservedKnown = &pl, &known
+		if known {
+			out.PyTorchPeakReserved = &pr
+		}
+		if known && pl > 0 {
 			r := float64(pr) / float64(pl)
 			out.PyTorchReservedOverLive = &r
 		}
@@ -311,9 +318,14 @@ func writeTextReport(w io.Writer, in *input, rep *replay.Report, reports []*repl
 	}
 	fmt.Fprintf(b, ")\n")
 	if pt := in.pytorch; pt != nil {
-		fmt.Fprintf(b, "PyTorch recorded: peak reserved %s for %s peak live (%.4f×), %s segment allocs",
-			replay.FormatBytes(pt.PeakReserved), replay.FormatBytes(pt.PeakLive),
-			ratioOf(pt.PeakReserved, pt.PeakLive), replay.FormatCount(int64(pt.SegmentAllocs)))
+		if pt.PeakReservedKnown {
+			fmt.Fprintf(b, "PyTorch recorded: peak reserved %s for %s peak live (%.4f×), %s segment allocs",
+				replay.FormatBytes(pt.PeakReserved), replay.FormatBytes(pt.PeakLive),
+				ratioOf(pt.PeakReserved, pt.PeakLive), replay.FormatCount(int64(pt.SegmentAllocs)))
+		} else {
+			fmt.Fprintf(b, "PyTorch recorded: peak reserved unknown (the file starts mid-run or lacks segment events) for %s peak live, %s segment allocs",
+				replay.FormatBytes(pt.PeakLive), replay.FormatCount(int64(pt.SegmentAllocs)))
+		}
 		// Only scalars are printed: a decoded value may be cyclic, or
 		// shared so deeply that printing it would never end.
 		if v, ok := pt.Settings["PYTORCH_CUDA_ALLOC_CONF"].(string); ok {
@@ -323,6 +335,10 @@ func writeTextReport(w io.Writer, in *input, rep *replay.Report, reports []*repl
 			fmt.Fprintf(b, ", expandable_segments=%v", es)
 		}
 		fmt.Fprintf(b, "\n")
+		if pt.Releases > 0 {
+			fmt.Fprintf(b, "        %d cache releases inferred from %d segment frees/unmaps (%d applied)\n",
+				pt.Releases, pt.SegmentFrees+pt.SegmentUnmaps, rep.ReleasesApplied)
+		}
 		if pt.UnmatchedFrees > 0 {
 			fmt.Fprintf(b, "        %s frees of blocks allocated before the trace began were skipped\n", replay.FormatCount(int64(pt.UnmatchedFrees)))
 		}
