@@ -36,6 +36,10 @@ type Allocator struct {
 	busy     []*streamState                  // streams with queued events, any order; mu
 	stranded []*arena.Block                  // PendingFree blocks waiting on a vanished stream's work; mu
 	lastS    *streamState                    // most recently used stream; mu
+	spare    []*streamState                  // empty states of released streams for reuse, at most maxSpareStates; mu
+	// keepEmpty keeps empty expandable reservations while a released
+	// stream's memory is returned, for the next stream to map into; mu.
+	keepEmpty bool
 	pools    [2]pool                         // small, large; mu
 	segs     []*seg                          // every segment, ascending base; mu
 	pending  int                             // blocks in PendingFree; mu
@@ -209,7 +213,7 @@ func (a *Allocator) stream(s backend.Stream) (*streamState, error) {
 		if dev != a.dev {
 			return nil, fmt.Errorf("%w: stream %d belongs to device %d, not %d", ErrInvalidStream, s, dev, a.dev)
 		}
-		ss = newStreamState(s)
+		ss = a.newState(s)
 		a.streams[s] = ss
 	}
 	a.lastS = ss

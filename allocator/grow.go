@@ -396,7 +396,7 @@ func (a *Allocator) destroyZombies() error {
 
 // maybeDropEmpty releases an expandable segment with nothing mapped. mu held.
 func (a *Allocator) maybeDropEmpty(sg *seg) {
-	if !sg.expandable || sg.r.Head.State != arena.Unmapped || sg.r.Head.Next != nil {
+	if a.keepEmpty || !sg.expandable || sg.r.Head.State != arena.Unmapped || sg.r.Head.Next != nil {
 		return
 	}
 	if err := sg.s.Release(); err != nil {

@@ -224,14 +224,37 @@ func (a *Allocator) quiesce() error {
 	return a.releaseIdle()
 }
 
+// maxSpareStates bounds the empty stream states kept for reuse.
+const maxSpareStates = 16
+
+// newState returns an empty state for stream s, reusing a spare one (two
+// free lists, about 16 KB) when there is one. mu held.
+func (a *Allocator) newState(s backend.Stream) *streamState {
+	if n := len(a.spare); n > 0 {
+		ss := a.spare[n-1]
+		a.spare[n-1] = nil
+		a.spare = a.spare[:n-1]
+		ss.stream = s
+		return ss
+	}
+	return newStreamState(s)
+}
+
 // retire returns the memory of ss, a stream no longer in use whose work is
-// complete: free handles are unmapped, and what is left is handed to the
-// idle owner. mu held.
+// complete: free handles are unmapped into the handle cache (the
+// reservations stay for the next stream), and what is left is handed to
+// the idle owner. The emptied state is kept for reuse. mu held.
 func (a *Allocator) retire(ss *streamState) error {
+	a.keepEmpty = true
+	defer func() { a.keepEmpty = false }()
 	err := a.releaseStream(ss, 0, false)
 	if ss.active > 0 || ss.free[0].Len()+ss.free[1].Len() > 0 {
 		a.adoptIntoIdle(ss)
 		err = errors.Join(err, a.releaseIdle())
+	}
+	if len(a.spare) < maxSpareStates && ss.busyIdx < 0 && len(ss.queue) == 0 {
+		ss.stream = 0
+		a.spare = append(a.spare, ss)
 	}
 	return err
 }
@@ -269,11 +292,15 @@ func (a *Allocator) adoptIntoIdle(ss *streamState) {
 
 // releaseIdle unmaps the whole free handles and frees the free classic
 // segments of the idle owner. Its memory has no work in flight, so no
-// synchronisation is needed. mu held.
+// synchronisation is needed. Emptied reservations stay for the streams
+// that follow (EmptyCache releases them). mu held.
 func (a *Allocator) releaseIdle() error {
 	if a.idle.free[0].Len()+a.idle.free[1].Len() == 0 {
 		return nil
 	}
+	keep := a.keepEmpty
+	a.keepEmpty = true
+	defer func() { a.keepEmpty = keep }()
 	return a.releaseStream(a.idle, 0, false)
 }
 
