@@ -40,14 +40,14 @@ type Allocator struct {
 	// keepEmpty keeps empty expandable reservations while a released
 	// stream's memory is returned, for the next stream to map into; mu.
 	keepEmpty bool
-	pools    [2]pool                         // small, large; mu
-	segs     []*seg                          // every segment, ascending base; mu
-	pending  int                             // blocks in PendingFree; mu
-	events   []backend.Event                 // idle events for reuse; mu
-	bpool    arena.BlockPool                 // recycled block headers; mu
-	st       stats.DeviceStats               // mu
-	counters segment.Counters                // driver-call figures shared by segments; mu
-	scratch  []*arena.Block                  // reusable slice for release walks; mu
+	pools     [2]pool           // small, large; mu
+	segs      []*seg            // every segment, ascending base; mu
+	pending   int               // blocks in PendingFree; mu
+	events    []backend.Event   // idle events for reuse; mu
+	bpool     arena.BlockPool   // recycled block headers; mu
+	st        stats.DeviceStats // mu
+	counters  segment.Counters  // driver-call figures shared by segments; mu
+	scratch   []*arena.Block    // reusable slice for release walks; mu
 
 	zombies        []*zombie        // dropped segments still holding driver state; mu
 	scratchEvents  []pendingEvent   // reusable slice for insertEvents; mu
