@@ -318,6 +318,7 @@ func (a *Allocator) dropSeg(sg *seg, mapped uint64) {
 			p.unmapped.Delete(b)
 		case arena.Allocated, arena.PendingFree:
 			a.live.Delete(b.Addr)
+			a.stateOf(b.Stream).active--
 			n := int64(b.Size)
 			if b.State == arena.Allocated {
 				a.st.Allocation.Add(p.kind, -1)

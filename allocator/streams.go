@@ -112,7 +112,6 @@ func (a *Allocator) ReleaseStream(s backend.Stream) error {
 	for len(ss.queue) > 0 { // recorded on s: complete now
 		a.eventDone(ss)
 	}
-	a.forget(ss)
 	return a.retire(ss)
 }
 
@@ -240,18 +239,19 @@ func (a *Allocator) newState(s backend.Stream) *streamState {
 	return newStreamState(s)
 }
 
-// retire returns the memory of ss, a stream no longer in use whose work is
-// complete: free handles are unmapped into the handle cache (the
+// retire returns the memory of ss, a stream in use whose work is complete,
+// and forgets it: free handles are unmapped into the handle cache (the
 // reservations stay for the next stream), and what is left is handed to
 // the idle owner. The emptied state is kept for reuse. mu held.
 func (a *Allocator) retire(ss *streamState) error {
 	a.keepEmpty = true
 	defer func() { a.keepEmpty = false }()
-	err := a.releaseStream(ss, 0, false)
+	err := a.releaseStream(ss, 0, false) // ss still known: dropping a segment finds its blocks' state
 	if ss.active > 0 || ss.free[0].Len()+ss.free[1].Len() > 0 {
 		a.adoptIntoIdle(ss)
 		err = errors.Join(err, a.releaseIdle())
 	}
+	a.forget(ss)
 	if len(a.spare) < maxSpareStates && ss.busyIdx < 0 && len(ss.queue) == 0 {
 		ss.stream = 0
 		a.spare = append(a.spare, ss)

@@ -365,3 +365,27 @@ func TestProcessEventsVisitsBusyStreamsOnly(t *testing.T) {
 	require.NoError(t, a.ReleaseStream(busy))
 	require.NoError(t, e.StreamDestroy(busy))
 }
+
+// TestReleaseStreamClassic: releasing a stream in classic mode frees its
+// whole free segments (the segment's blocks are found while the stream is
+// still known) and keeps its split ones for the blocks still live.
+func TestReleaseStreamClassic(t *testing.T) {
+	a, e := newAlloc(t, "expandable_segments:False", emulated.WithCapacity(1*gib))
+	s, err := e.StreamCreate(0)
+	require.NoError(t, err)
+	whole, err := a.Malloc(30<<20, s) // a segment of its own
+	require.NoError(t, err)
+	small1, err := a.Malloc(4096, s)
+	require.NoError(t, err)
+	small2, err := a.Malloc(4096, s) // same 2 MiB segment
+	require.NoError(t, err)
+	require.NoError(t, a.Free(whole))
+	require.NoError(t, a.Free(small1))
+	require.NoError(t, a.ReleaseStream(s))
+	assert.Equal(t, int64(2<<20), reserved(a), "the free segment is gone, the split one kept")
+	mustCheck(t, a, e)
+	require.NoError(t, e.StreamDestroy(s))
+	require.NoError(t, a.Free(small2))
+	assert.Zero(t, reserved(a), "its last block freed, the segment is released")
+	mustCheck(t, a, e)
+}
