@@ -57,6 +57,10 @@ func (a *Allocator) insertEvents(b *arena.Block) error {
 	} else {
 		for i, pe := range recorded {
 			ss := a.stateOf(streams[i])
+			if ss == nil { // released, but the caller kept it alive: learn it again
+				ss = a.newState(streams[i])
+				a.streams[streams[i]] = ss
+			}
 			ss.queue = append(ss.queue, pe)
 			a.markBusy(ss)
 			b.Events++

@@ -389,3 +389,30 @@ func TestReleaseStreamClassic(t *testing.T) {
 	assert.Zero(t, reserved(a), "its last block freed, the segment is released")
 	mustCheck(t, a, e)
 }
+
+// TestReleasedStreamKeptAlive: a stream released but not destroyed, still
+// named by a block's RecordStream, is learnt again when that block is
+// freed, and used again it is a new stream.
+func TestReleasedStreamKeptAlive(t *testing.T) {
+	a, e := newAlloc(t, "", emulated.WithManualCompletion())
+	s, err := e.StreamCreate(0)
+	require.NoError(t, err)
+	p, err := a.Malloc(8192, 0)
+	require.NoError(t, err)
+	require.NoError(t, a.RecordStream(p, s))
+	require.NoError(t, a.ReleaseStream(s))
+	require.NoError(t, e.Launch(s, p, 8192))
+	require.NoError(t, a.Free(p))
+	assert.Equal(t, 1, a.pending, "waits for the event recorded on s")
+	mustCheck(t, a, e)
+	q, err := a.Malloc(4096, s)
+	require.NoError(t, err)
+	require.NoError(t, e.Complete(s))
+	require.NoError(t, a.Free(q))
+	require.NoError(t, a.Synchronize(0))
+	assert.Zero(t, a.pending)
+	mustCheck(t, a, e)
+	require.NoError(t, a.ReleaseStream(s))
+	require.NoError(t, e.StreamDestroy(s))
+	mustCheck(t, a, e)
+}
