@@ -164,6 +164,7 @@ func seedProgs() map[string][]byte {
 	p.release(0).free(1).malloc(szSmall, 100, 1).destroy(1).malloc(szPages, 4, 3)
 	p.free(0).emptyCache().malloc(szQuarter, 100, 2).malloc(szQuarter, 60000, 3).malloc(szHuge, 1, 1)
 	p.completeAll().release(2).destroy(0).sync(2).emptyCache()
+	p.malloc(szSmall, 7, 2).record(0, 1|launch).release(0x81).free(0).malloc(szSmall, 9, 1).completeAll().emptyCache()
 	seeds["stream_lifecycle"] = p.b
 	return seeds
 }

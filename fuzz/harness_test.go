@@ -660,7 +660,8 @@ func (h *harness) rejectedOp(name string, ptr uintptr, call func() error) {
 
 // retireOp retires stream 1+x%(n-1) of the program's streams (never the
 // default one) and puts a new stream in its place: with release, through
-// ReleaseStream and then StreamDestroy; without, by destroying it behind
+// ReleaseStream and then StreamDestroy (or, with bit 0x80, ReleaseStream
+// only, the stream kept and used again); without, by destroying it behind
 // the allocator's back, work still pending on it. The live blocks of the
 // stream stay live and freeable.
 func (h *harness) retireOp(x byte, release bool) {
@@ -691,6 +692,15 @@ func (h *harness) retireOp(x byte, release bool) {
 		}
 		if n, err := h.e.Pending(s); err == nil && n > 0 {
 			h.fatalf("ReleaseStream(%d) left %d work items pending", s, n)
+		}
+		if x&0x80 != 0 { // released but kept: used again, it is a new stream
+			h.logf("  (stream %d kept alive)", s)
+			for _, b := range h.live {
+				if b.stream == s {
+					b.retired = true
+				}
+			}
+			return
 		}
 	} else {
 		h.logf("StreamDestroy(%d) without ReleaseStream", s)
