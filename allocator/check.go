@@ -229,6 +229,19 @@ func (a *Allocator) check() error {
 	if nBusy != len(a.busy) {
 		return corrupt("busy list holds %d streams, %d have queued events", len(a.busy), nBusy)
 	}
+	for id, ss := range a.vanished {
+		if _, ok := a.streams[id]; ok || ss.stream != id {
+			return corrupt("vanished stream %d is also in use, or mislabelled (%d)", id, ss.stream)
+		}
+	}
+	for _, ss := range a.spare {
+		if ss.active != 0 || ss.busyIdx >= 0 || ss.free[0].Len()+ss.free[1].Len() != 0 {
+			return corrupt("a spare stream state is not empty")
+		}
+	}
+	if ds := a.idle; ds.stream != idleStream || len(ds.queue) != 0 {
+		return corrupt("the idle owner has stream %d and %d queued events", ds.stream, len(ds.queue))
+	}
 	for _, b := range a.stranded {
 		if b.State != arena.PendingFree {
 			return corrupt("stranded block %#x is %s", b.Addr, b.State)

@@ -187,6 +187,15 @@ func (a *Allocator) releaseUntil(target uint64) error {
 			errs = append(errs, err)
 		}
 	}
+	if len(a.vanished) > 0 && uint64(a.st.ReservedBytes[0].Current) > target {
+		// One device synchronize for every stream found destroyed.
+		if err := a.quiesce(); err != nil && !errors.Is(err, errNoDeviceSync) {
+			errs = append(errs, err)
+		}
+		if err := a.releaseStream(a.idle, target, false); err != nil {
+			errs = append(errs, err)
+		}
+	}
 	return errors.Join(errs...)
 }
 
@@ -223,10 +232,10 @@ func (a *Allocator) releaseStreamPool(ss *streamState, onlyPool int, target uint
 				return err
 			}
 			// Destroyed behind our back: its memory is released once a
-			// device synchronize shows its work complete (stranded and
-			// counted until then). blocks is not used again.
+			// device synchronize shows its work complete (releaseUntil
+			// and releaseAll do one for all such streams; stranded and
+			// counted until then).
 			a.vanish(ss)
-			_ = a.quiesce()
 			return nil
 		}
 	}

@@ -416,3 +416,25 @@ func TestReleasedStreamKeptAlive(t *testing.T) {
 	require.NoError(t, e.StreamDestroy(s))
 	mustCheck(t, a, e)
 }
+
+// TestManyDestroyedStreamsOneDeviceSync: the memory of many streams
+// destroyed behind the allocator's back is released with one device
+// synchronize, not one per stream.
+func TestManyDestroyedStreamsOneDeviceSync(t *testing.T) {
+	a, e := newAlloc(t, "", emulated.WithManualCompletion())
+	for range 50 {
+		s, err := e.StreamCreate(0)
+		require.NoError(t, err)
+		p, err := a.Malloc(2<<20, s)
+		require.NoError(t, err)
+		require.NoError(t, e.Launch(s, p, 2<<20))
+		require.NoError(t, a.Free(p))
+		require.NoError(t, e.StreamDestroy(s))
+	}
+	require.NoError(t, a.EmptyCache())
+	assert.Equal(t, int64(1), e.Calls(backend.OpDeviceSync))
+	assert.Zero(t, reserved(a))
+	assert.Len(t, a.streams, 1)
+	assert.Empty(t, a.vanished)
+	mustCheck(t, a, e)
+}
