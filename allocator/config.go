@@ -99,10 +99,12 @@ func DefaultConfig() Config {
 func ConfigFromEnv() (Config, error) { return ParseConfig(os.Getenv(EnvVar)) }
 
 // ParseConfig parses a PYTORCH_CUDA_ALLOC_CONF-style string of
-// comma-separated key:value pairs over DefaultConfig. An unknown key or a
-// bad value is an error wrapping ErrInvalidConfig that names it.
+// comma-separated key:value pairs over DefaultConfig. An unknown key, a
+// bad value, or a key set twice (PyTorch silently keeps the last) is an
+// error wrapping ErrInvalidConfig that names it.
 func ParseConfig(s string) (Config, error) {
 	c := DefaultConfig()
+	seen := make(map[string]bool)
 	for _, kv := range splitTop(s) {
 		kv = strings.TrimSpace(kv)
 		if kv == "" {
@@ -113,6 +115,12 @@ func ParseConfig(s string) (Config, error) {
 		if !ok || v == "" {
 			return Config{}, fmt.Errorf("%w: %q has no value (want key:value)", ErrInvalidConfig, k)
 		}
+		if seen[k] {
+			// PyTorch lets the last one win silently; a key set twice is
+			// almost always two configurations pasted together.
+			return Config{}, fmt.Errorf("%w: %s is set more than once", ErrInvalidConfig, k)
+		}
+		seen[k] = true
 		if err := c.set(k, v); err != nil {
 			return Config{}, err
 		}

@@ -102,3 +102,21 @@ func TestConfigFromEnv(t *testing.T) {
 	_, err = ConfigFromEnv()
 	assert.ErrorIs(t, err, ErrInvalidConfig)
 }
+
+// TestParseConfigDuplicateKey: a key set twice is an error naming the key,
+// whatever the two values (issue 7 §3).
+func TestParseConfigDuplicateKey(t *testing.T) {
+	for _, tc := range []struct{ in, key string }{
+		{"max_split_size_mb:128,max_split_size_mb:128", "max_split_size_mb"},
+		{"expandable_segments:True, expandable_segments :False", "expandable_segments"},
+		{"roundup_power2_divisions:[256:1,>:8],garbage_collection_threshold:0.5,roundup_power2_divisions:4", "roundup_power2_divisions"},
+	} {
+		t.Run(tc.in, func(t *testing.T) {
+			c, err := ParseConfig(tc.in)
+			require.ErrorIs(t, err, ErrInvalidConfig)
+			assert.Contains(t, err.Error(), tc.key)
+			assert.Contains(t, err.Error(), "more than once")
+			assert.Equal(t, Config{}, c)
+		})
+	}
+}

@@ -82,6 +82,31 @@
 // memory, since its free handles can always be unmapped; honouring it there is
 // what made reserved memory grow without bound in pytorch#193400.
 //
+// # Stream lifecycle
+//
+// A stream is learnt on first use and its state (free lists, queued events)
+// kept until ReleaseStream(s), which waits for s, returns its free memory
+// and forgets it; call it before destroying a stream. Memory still
+// allocated on a released stream is relabelled to an internal idle owner
+// and returned as it is freed. A stream destroyed without ReleaseStream is
+// noticed when a driver call on it fails; its memory is reused or unmapped
+// only after a device-wide synchronize (backend.DeviceSynchronizer) shows
+// its work complete, and is counted as stranded (DeviceStats.StrandedBytes,
+// OutOfMemoryError.Stranded) where the driver cannot do one. Events are
+// polled only on streams that have some queued, so the work per call does
+// not grow with the streams ever used. streams.go has the details.
+//
+// # Errors
+//
+// Every error wraps a sentinel (errors.Is). Bad input changes nothing and
+// makes no driver call. After Close every method returns ErrClosed before
+// looking at its arguments. A pointer that is not a live allocation is
+// ErrInteriorPointer inside an allocated block, ErrDoubleFree at a
+// pending-free block or a 512-aligned address in mapped free memory (where
+// a block may have been freed), and ErrUnknownPointer anywhere else: 0, an
+// unaligned address, outside every reservation, or in the unmapped part of
+// one. A config string that sets a key twice is refused.
+//
 // # Concurrency
 //
 // One mutex guards all state of an Allocator; driver calls for growth and

@@ -46,11 +46,10 @@ func (a *Allocator) allocSlow(ss *streamState, p *pool, rounded, size uint64) (*
 		}
 	}
 	// Rung 2: wait for every pending event, release every free handle and
-	// segment, then retry.
+	// segment (what can be: a failure on one stream does not stop the
+	// others), then retry whatever the release reported.
 	a.st.NumAllocRetries++
-	if rerr := a.releaseAll(); rerr != nil && !isOOM(rerr) {
-		return nil, rerr
-	}
+	rerr := a.releaseAll()
 	if b = a.bestFit(ss, p, rounded); b != nil {
 		return b, nil
 	}
@@ -67,6 +66,7 @@ func (a *Allocator) allocSlow(ss *streamState, p *pool, rounded, size uint64) (*
 		Free:      free,
 		Allocated: uint64(a.st.AllocatedBytes[0].Current),
 		Reserved:  uint64(a.st.ReservedBytes[0].Current),
+		Stranded:  a.strandedBytes(),
 	}
 	if a.allowed < a.total {
 		oom.Allowed = a.allowed
@@ -75,6 +75,9 @@ func (a *Allocator) allocSlow(ss *streamState, p *pool, rounded, size uint64) (*
 		oom.AddrSpaceVA = true
 	} else {
 		oom.Cause = err
+	}
+	if rerr != nil && !isOOM(rerr) {
+		oom.Cause = errors.Join(oom.Cause, rerr) // what the release could not do
 	}
 	return nil, oom
 }
@@ -315,11 +318,12 @@ func (a *Allocator) dropSeg(sg *seg, mapped uint64) {
 		switch b.State {
 		case arena.Free:
 			a.countInactive(p, b, -1)
-			a.streams[b.Stream].free[p.idx].Remove(b)
+			a.stateOf(b.Stream).free[p.idx].Remove(b)
 		case arena.Unmapped:
 			p.unmapped.Delete(b)
 		case arena.Allocated, arena.PendingFree:
 			a.live.Delete(b.Addr)
+			a.stateOf(b.Stream).active--
 			n := int64(b.Size)
 			if b.State == arena.Allocated {
 				a.st.Allocation.Add(p.kind, -1)
@@ -398,7 +402,7 @@ func (a *Allocator) destroyZombies() error {
 
 // maybeDropEmpty releases an expandable segment with nothing mapped. mu held.
 func (a *Allocator) maybeDropEmpty(sg *seg) {
-	if !sg.expandable || sg.r.Head.State != arena.Unmapped || sg.r.Head.Next != nil {
+	if a.keepEmpty || !sg.expandable || sg.r.Head.State != arena.Unmapped || sg.r.Head.Next != nil {
 		return
 	}
 	if err := sg.s.Release(); err != nil {

@@ -188,6 +188,7 @@ type DeviceStats struct {
 	HandlesFreed      int64 // physical handles freed to the driver
 	HandlesReused     int64 // physical handles taken from the handle cache
 	MaxSplitSize      int64 // configured max_split_size in bytes; 0 = unlimited
+	StrandedBytes     int64 // of reserved bytes, those held for streams destroyed without ReleaseStream until a device synchronize shows them idle
 }
 
 // ResetPeak resets every peak to its current value

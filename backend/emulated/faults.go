@@ -154,6 +154,7 @@ func DefaultCostModel() CostModel {
 		backend.OpStreamCreate:      10 * us,
 		backend.OpStreamDestroy:     10 * us,
 		backend.OpStreamSync:        5 * us,
+		backend.OpDeviceSync:        10 * us,
 		backend.OpEventCreate:       2 * us,
 		backend.OpEventDestroy:      2 * us,
 		backend.OpEventRecord:       us,
