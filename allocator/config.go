@@ -103,7 +103,15 @@ func ConfigFromEnv() (Config, error) { return ParseConfig(os.Getenv(EnvVar)) }
 // bad value, or a key set twice (PyTorch silently keeps the last) is an
 // error wrapping ErrInvalidConfig that names it.
 func ParseConfig(s string) (Config, error) {
-	c := DefaultConfig()
+	return ParseConfigOver(DefaultConfig(), s)
+}
+
+// ParseConfigOver parses s like ParseConfig, but over base instead of the
+// defaults: keys s sets replace base's values, the rest of base stays (a
+// command line's --config over $VMMALLOC_CONF). A key set twice within s is
+// still an error. It returns the zero Config with any error.
+func ParseConfigOver(base Config, s string) (Config, error) {
+	c := base
 	seen := make(map[string]bool)
 	for _, kv := range splitTop(s) {
 		kv = strings.TrimSpace(kv)

@@ -120,3 +120,18 @@ func TestParseConfigDuplicateKey(t *testing.T) {
 		})
 	}
 }
+
+func TestParseConfigOver(t *testing.T) {
+	base, err := ParseConfig("expandable_segments:False,max_split_size_mb:64")
+	require.NoError(t, err)
+	c, err := ParseConfigOver(base, "max_split_size_mb:128")
+	require.NoError(t, err)
+	assert.False(t, c.ExpandableSegments, "a key s leaves alone keeps base's value")
+	assert.Equal(t, uint64(128<<20), c.MaxSplitSize, "a key s sets wins")
+	_, err = ParseConfigOver(base, "max_split_size_mb:128,max_split_size_mb:256")
+	require.ErrorIs(t, err, ErrInvalidConfig)
+	assert.Contains(t, err.Error(), "max_split_size_mb is set more than once")
+	zero, err := ParseConfigOver(base, "bogus:1")
+	require.ErrorIs(t, err, ErrInvalidConfig)
+	assert.Equal(t, Config{}, zero)
+}
