@@ -84,6 +84,7 @@ type Driver struct {
 	streams map[backend.Stream]int     // stream → device
 	events  map[backend.Event]int      // event → device
 	exports map[uint64]backend.Handle  // exported fd → handle
+	imports map[fileID]backend.Handle  // imported file → handle
 	hosts   map[uintptr]uint64         // MallocHost blocks → nbytes
 	regs    map[uintptr]uint64         // HostRegister ranges → nbytes
 }
@@ -112,6 +113,7 @@ func Open(opts ...Option) (*Driver, error) {
 		streams: map[backend.Stream]int{},
 		events:  map[backend.Event]int{},
 		exports: map[uint64]backend.Handle{},
+		imports: map[fileID]backend.Handle{},
 		hosts:   map[uintptr]uint64{},
 		regs:    map[uintptr]uint64{},
 	}
@@ -201,11 +203,12 @@ func (dv *device) allocProp() cuMemAllocationProp {
 	return p
 }
 
+// releaseContexts releases the primary contexts retained by Open. d.devs
+// stays: a closed Driver still answers DeviceCount and validates arguments.
 func (d *Driver) releaseContexts() {
 	for _, dv := range d.devs {
 		d.lib.call(symPrimaryCtxRelease, uintptr(dv.ordinal))
 	}
-	d.devs = nil
 }
 
 // onContext runs f on a locked OS thread whose current context is ctx.

@@ -43,6 +43,10 @@ func ShareableSize(sh uint64) uint64 { return sh >> 32 * ShareUnit }
 
 func closeFD(fd int) error { return syscall.Close(fd) }
 
+// fileID names the open file behind an fd (st_dev, st_ino): the same
+// memory imported through two fds of one file is one import (R15).
+type fileID struct{ dev, ino uint64 }
+
 // Export implements backend.IPC (cuMemExportToShareableHandle, POSIX fd).
 // Each handle is exported at most once (R15).
 func (d *Driver) Export(h backend.Handle, flags backend.ShareFlags) (uint64, error) {
@@ -114,6 +118,14 @@ func (d *Driver) Import(shareable uint64, dev int) (backend.Handle, error) {
 	if _, ok := d.exports[uint64(fd)]; ok {
 		return 0, invalid(op, "R17", "fd %d was exported by this process; import works only in another process", fd)
 	}
+	var st syscall.Stat_t
+	if err := syscall.Fstat(fd, &st); err != nil {
+		return 0, invalid(op, "R17", "fd %d: %v", fd, err)
+	}
+	key := fileID{uint64(st.Dev), uint64(st.Ino)}
+	if prev, ok := d.imports[key]; ok {
+		return 0, invalid(op, "R15", "the memory of fd %d is already imported as handle %#x", fd, uint64(prev))
+	}
 	var h uint64
 	var p cuMemAllocationProp
 	rc := d.onDevice(dev, func() cuResult {
@@ -140,7 +152,8 @@ func (d *Driver) Import(shareable uint64, dev int) (backend.Handle, error) {
 		d.onDevice(dev, func() cuResult { return d.lib.call(symMemRelease, uintptr(h)) })
 		return 0, invalid(op, "R17", "the memory lives on physical device %d, not on device %d", p.Location.ID, dev)
 	}
-	d.handles[id] = &handle{id: id, size: size, prop: backend.DeviceProp(dev), refs: 1, imported: true, exported: -1}
+	d.handles[id] = &handle{id: id, size: size, prop: backend.DeviceProp(dev), refs: 1, imported: true, exported: -1, file: key}
+	d.imports[key] = id
 	return id, nil
 }
 

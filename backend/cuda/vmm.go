@@ -31,10 +31,11 @@ type handle struct {
 	id       backend.Handle
 	size     uint64 // nbytes; cuMemGetAllocationPropertiesFromHandle has no size
 	prop     backend.PhysicalProp
-	refs     int  // creation/import + retains not yet freed; 0: released
-	maps     int  // live mappings
-	imported bool // from Import
-	exported int  // fd from Export, or -1
+	refs     int    // creation/import + retains not yet freed; 0: released
+	maps     int    // live mappings
+	imported bool   // from Import
+	file     fileID // for an imported handle, the file it came from
+	exported int    // fd from Export, or -1
 }
 
 // findRes returns the reservation holding [va, va+size), or nil.
@@ -164,6 +165,9 @@ func (d *Driver) FreePhysical(h backend.Handle) error {
 	x.refs--
 	if x.refs == 0 {
 		delete(d.handles, h)
+		if x.imported {
+			delete(d.imports, x.file)
+		}
 		if x.exported >= 0 {
 			delete(d.exports, uint64(x.exported))
 			_ = closeFD(x.exported)
