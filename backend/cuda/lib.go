@@ -131,7 +131,11 @@ func loadLib(path string) (*lib, error) {
 	}
 	h, err := purego.Dlopen(path, purego.RTLD_NOW|purego.RTLD_LOCAL)
 	if err != nil {
-		return nil, fmt.Errorf("cuda: %s not found: install the NVIDIA driver, or use the emulated backend (%v): %w", path, err, ErrNoLibrary)
+		why := ""
+		if msg := err.Error(); msg != "" {
+			why = " (" + msg + ")"
+		}
+		return nil, fmt.Errorf("cuda: %s not found: install the NVIDIA driver, or use the emulated backend%s: %w", path, why, ErrNoLibrary)
 	}
 	l := &lib{path: path, h: h}
 	var missing []string

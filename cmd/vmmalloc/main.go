@@ -18,6 +18,9 @@
 //	--compare        replay the default policy set, search each one's minimum capacity, print a table
 //	--json           print the report as JSON
 //	--svg file       write a plot of allocated vs reserved memory over time
+//	--backend name   replay on emulated (default), cuda or acl (backend/drivers;
+//	                 also the config's backend key); a device replay scales the
+//	                 trace to fit the device and takes none of the emulator-only flags
 //
 // gen writes --kind training|inference|mix with --seed in --format
 // binary|text to -o. convert reads any input format and writes binary or

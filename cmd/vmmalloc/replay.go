@@ -9,6 +9,7 @@ import (
 
 	"github.com/dustin/go-humanize"
 	"github.com/vmmalloc/vmmalloc/allocator"
+	"github.com/vmmalloc/vmmalloc/backend/drivers"
 	"github.com/vmmalloc/vmmalloc/benchmarks/replay"
 	"github.com/vmmalloc/vmmalloc/benchmarks/trace"
 	"github.com/vmmalloc/vmmalloc/benchmarks/workload"
@@ -27,6 +28,7 @@ type replayFlags struct {
 	format   string
 	device   int
 	check    bool
+	backend  string
 }
 
 // jsonReport is the --json output: the report's fields at the top level,
@@ -61,6 +63,7 @@ func cmdReplay(args []string, stdout, stderr io.Writer) error {
 	fs.StringVar(&f.format, "format", fmtAuto, "input format: auto, binary, text, pytorch or rmm")
 	fs.IntVar(&f.device, "device", 0, "device index of a PyTorch snapshot")
 	fs.BoolVar(&f.check, "check", false, "check the allocator's invariants after the replay")
+	fs.StringVar(&f.backend, "backend", "", "`driver` to replay on: "+backendChoices+" (default: the config's backend key, else emulated)")
 	pos, err := parseArgs(fs, args)
 	if err != nil {
 		return err
@@ -78,6 +81,10 @@ func cmdReplay(args []string, stdout, stderr io.Writer) error {
 	cfg, err := allocator.ParseConfig(f.config)
 	if err != nil {
 		return usagef("--config: %w", err)
+	}
+	backendName, err := pickBackend(f, cfg)
+	if err != nil {
+		return err
 	}
 	opts := replay.Options{Name: policyLabel(f.config, cfg), Config: cfg, Check: f.check}
 	if f.capacity != "" {
@@ -109,6 +116,9 @@ func cmdReplay(args []string, stdout, stderr io.Writer) error {
 	label := "replay"
 	if in.info.Name != "" {
 		label = in.info.Name
+	}
+	if backendName != drivers.DefaultName {
+		return replayOnBackend(backendName, cfg, in, f.asJSON, stdout)
 	}
 	var reports []*replay.Report
 	var rep *replay.Report
