@@ -1,3 +1,5 @@
+//go:build unix
+
 // Package cuda is a backend.Driver over the NVIDIA CUDA driver library
 // (libcuda.so.1), loaded at run time: no CUDA header, no link-time
 // dependency, and no cgo, so `CGO_ENABLED=0 go build ./...` works on

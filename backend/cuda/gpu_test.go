@@ -1,3 +1,5 @@
+//go:build unix
+
 package cuda_test
 
 // The GPU check: run by backend/cuda/gpucheck.sh with VMMALLOC_GPUCHECK=1

@@ -18,7 +18,6 @@ import (
 	"strings"
 
 	"github.com/vmmalloc/vmmalloc/backend"
-	"github.com/vmmalloc/vmmalloc/backend/cuda"
 	"github.com/vmmalloc/vmmalloc/backend/emulated"
 )
 
@@ -50,10 +49,10 @@ var ErrUnknown = errors.New("unknown backend")
 type opener func(o Options) (backend.Driver, error)
 
 // registry maps each backend name to its opener. This is the one place a
-// new backend is added.
+// new backend is added; backends that build only on some systems register
+// from a file with the matching build constraint (cuda.go: unix).
 var registry = map[string]opener{
 	"emulated": openEmulated,
-	"cuda":     openCUDA,
 	// "acl": openACL, (backend/acl)
 }
 
@@ -94,17 +93,6 @@ func openEmulated(o Options) (backend.Driver, error) {
 		opts = append(opts, emulated.WithRealMemory())
 	}
 	return emulated.New(opts...)
-}
-
-func openCUDA(o Options) (backend.Driver, error) {
-	var opts []cuda.Option
-	if o.Library != "" {
-		opts = append(opts, cuda.WithLibrary(o.Library))
-	}
-	if o.Visible != nil {
-		opts = append(opts, cuda.WithDevices(o.Visible...))
-	}
-	return cuda.Open(opts...)
 }
 
 // Close closes d if it implements io.Closer.

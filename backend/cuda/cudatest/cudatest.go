@@ -1,3 +1,5 @@
+//go:build unix
+
 // Package cudatest builds and controls the C test double of the CUDA driver
 // library (fakecuda.c, embedded here), so that the cuda binding, and
 // anything above it, can be tested on machines with no GPU.

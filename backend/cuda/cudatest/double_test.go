@@ -1,3 +1,5 @@
+//go:build unix
+
 package cudatest_test
 
 import (
