@@ -50,10 +50,26 @@ func openDouble(t testing.TB, setup func(*cudatest.Double)) (*cuda.Driver, *cuda
 	return d, dbl
 }
 
+// withWork gives the conformance suite control of the double's streams
+// (conformance.Workload), which enables its event-ordering case: events
+// must report pending work (CUDA_ERROR_NOT_READY) through the binding.
+type withWork struct {
+	*cuda.Driver
+	dbl *cudatest.Double
+}
+
+func (w withWork) Hold(s backend.Stream) error { return w.dbl.Hold(uintptr(s)) }
+
+func (w withWork) Launch(s backend.Stream, _ uintptr, _ uint64) error {
+	return w.dbl.Launch(uintptr(s))
+}
+
+func (w withWork) CompleteN(s backend.Stream, n int) error { return w.dbl.Complete(uintptr(s), n) }
+
 func TestConformanceDouble(t *testing.T) {
 	conformance.Run(t, func(t *testing.T) backend.Driver {
-		d, _ := openDouble(t, nil)
-		return d
+		d, dbl := openDouble(t, nil)
+		return withWork{d, dbl}
 	}, conformance.ExactMemInfo())
 }
 

@@ -15,8 +15,9 @@
 // per-device capacity, exact prop fields, a current context for context
 // calls) and has control entry points: capacity, device count, granularity,
 // fault injection at the Nth call of a symbol, call counts, live-object
-// counts, and a strict mode that fails calls made on a thread without a
-// current context.
+// counts, a strict mode that fails calls made on a thread without a
+// current context, and held streams whose work (and so the events recorded
+// after it) stays pending until the test completes it.
 //
 // Build compiles the double with the system C compiler ($CC, else cc) into
 // a directory as libcuda.so.1; Open loads its control entry points. The
@@ -110,6 +111,7 @@ type Live struct {
 // Double is the control interface of a loaded double.
 type Double struct {
 	reset, setCapacity, setDevices, setGran, requireCtx, fail, calls, live uintptr
+	hold, launch, complete                                                 uintptr
 }
 
 // Open loads the double at path (the library the binding loads too: dlopen
@@ -128,6 +130,7 @@ func Open(path string) (*Double, error) {
 		{"fakecu_set_device_count", &d.setDevices}, {"fakecu_set_granularity", &d.setGran},
 		{"fakecu_require_context", &d.requireCtx}, {"fakecu_fail", &d.fail},
 		{"fakecu_calls", &d.calls}, {"fakecu_live", &d.live},
+		{"fakecu_hold", &d.hold}, {"fakecu_launch", &d.launch}, {"fakecu_complete", &d.complete},
 	} {
 		if *s.p, err = purego.Dlsym(h, s.name); err != nil {
 			return nil, fmt.Errorf("cudatest: %s is not the test double: %w", path, err)
@@ -193,6 +196,23 @@ func (d *Double) Calls(symbol string) int64 {
 	b := cstr(symbol)
 	r, _, _ := purego.SyscallN(d.calls, uintptr(unsafe.Pointer(&b[0])))
 	return int64(r)
+}
+
+// Hold makes work on stream s (a CUstream) stay pending until Complete or a
+// synchronize call, so that events recorded after it are not complete.
+func (d *Double) Hold(s uintptr) error { return d.streamCtl(d.hold, s) }
+
+// Launch queues one work item on stream s.
+func (d *Double) Launch(s uintptr) error { return d.streamCtl(d.launch, s) }
+
+// Complete completes the oldest n pending work items of stream s.
+func (d *Double) Complete(s uintptr, n int) error { return d.streamCtl(d.complete, s, uintptr(n)) }
+
+func (d *Double) streamCtl(fn uintptr, args ...uintptr) error {
+	if r, _, _ := purego.SyscallN(fn, args...); int32(r) != 0 {
+		return fmt.Errorf("cudatest: unknown stream %#x", args[0])
+	}
+	return nil
 }
 
 // Live counts the double's live objects.

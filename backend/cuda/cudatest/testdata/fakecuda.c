@@ -11,7 +11,8 @@
  *   unmap         mmap(va, PROT_NONE, anonymous, MAP_FIXED): back to reserved
  *   export        dup(fd); import fstat()s the fd to learn size and device
  *   copy, memset  memcpy/memset after checking the device ranges are mapped
- *                 and accessible
+ *                 and accessible; each is a work item of its stream, which
+ *                 tests may hold pending to order events (fakecu_hold)
  *
  * and enforces the real driver's rules: granularity and alignment, ranges
  * inside one reservation, no overlapping maps, unmap of exactly one mapping,
@@ -169,12 +170,16 @@ struct mapping {
 struct stream {
 	struct stream *next;
 	int dev;
-	uint64_t queued; /* work items queued (every copy/memset is one) */
+	int held;        /* work stays pending until fakecu_complete or a sync */
+	uint64_t queued; /* work items queued (copies, memsets, fakecu_launch) */
+	uint64_t done;   /* work items completed, in order */
 };
 
 struct event {
 	struct event *next;
 	int dev;
+	struct stream *s; /* stream of the last record; NULL: complete */
+	uint64_t target;  /* s->queued at the record */
 };
 
 struct hostblock {
@@ -402,6 +407,9 @@ CUresult cuCtxSetCurrent(CUcontext c) {
 
 CUresult cuCtxSynchronize(void) {
 	ENTER(cuCtxSynchronize);
+	for (struct stream *x = streams; x; x = x->next)
+		if (x->dev == current->dev)
+			x->done = x->queued;
 	RETURN(CUDA_SUCCESS);
 }
 
@@ -689,7 +697,12 @@ CUresult cuMemImportFromShareableHandle(CUmemGenericAllocationHandle *h, void *o
 	RETURN(CUDA_SUCCESS);
 }
 
-/* ---- streams and events: work completes at once ---- */
+/* ---- streams and events ----
+ * Each stream counts work queued (copies, memsets, fakecu_launch) and work
+ * done. Work completes at once unless the stream is held (fakecu_hold);
+ * then it completes through fakecu_complete or a synchronize. An event
+ * captures its stream's queued count at the record and is complete once
+ * the stream's done count reaches it. */
 
 static struct stream *findStream(CUstream s) {
 	for (struct stream *x = streams; x; x = x->next)
@@ -703,6 +716,17 @@ static struct event *findEvent(CUevent e) {
 		if ((void *)x == e)
 			return x;
 	return NULL;
+}
+
+/* queueWork queues one work item on s (NULL: the legacy stream, which
+ * completes at once). */
+static void queueWork(CUstream s) {
+	struct stream *x = findStream(s);
+	if (!x)
+		return;
+	x->queued++;
+	if (!x->held)
+		x->done = x->queued;
 }
 
 CUresult cuStreamCreate(CUstream *s, unsigned int flags) {
@@ -726,14 +750,21 @@ CUresult cuStreamDestroy_v2(CUstream s) {
 		RETURN(CUDA_ERROR_INVALID_HANDLE);
 	struct stream *x = *pp;
 	*pp = x->next;
+	/* Destroying a stream lets its work finish: its events complete. */
+	for (struct event *e = events; e; e = e->next)
+		if (e->s == x)
+			e->s = NULL;
 	free(x);
 	RETURN(CUDA_SUCCESS);
 }
 
 CUresult cuStreamSynchronize(CUstream s) {
 	ENTER(cuStreamSynchronize);
-	if (s != NULL && !findStream(s))
+	struct stream *x = findStream(s);
+	if (s != NULL && !x)
 		RETURN(CUDA_ERROR_INVALID_HANDLE);
+	if (x)
+		x->done = x->queued;
 	RETURN(CUDA_SUCCESS);
 }
 
@@ -757,20 +788,26 @@ CUresult cuEventRecord(CUevent e, CUstream s) {
 		RETURN(CUDA_ERROR_INVALID_HANDLE);
 	if (st && st->dev != x->dev)
 		RETURN(CUDA_ERROR_INVALID_HANDLE); /* event and stream of different contexts */
+	x->s = st;
+	x->target = st ? st->queued : 0;
 	RETURN(CUDA_SUCCESS);
 }
 
 CUresult cuEventQuery(CUevent e) {
 	ENTER(cuEventQuery);
-	if (!findEvent(e))
+	struct event *x = findEvent(e);
+	if (!x)
 		RETURN(CUDA_ERROR_INVALID_HANDLE);
-	RETURN(CUDA_SUCCESS);
+	RETURN(x->s && x->s->done < x->target ? CUDA_ERROR_NOT_READY : CUDA_SUCCESS);
 }
 
 CUresult cuEventSynchronize(CUevent e) {
 	ENTER(cuEventSynchronize);
-	if (!findEvent(e))
+	struct event *x = findEvent(e);
+	if (!x)
 		RETURN(CUDA_ERROR_INVALID_HANDLE);
+	if (x->s && x->s->done < x->target)
+		x->s->done = x->target; /* waiting completes the captured work */
 	RETURN(CUDA_SUCCESS);
 }
 
@@ -887,6 +924,7 @@ CUresult cuMemcpyHtoDAsync_v2(CUdeviceptr dst, const void *src, size_t n, CUstre
 	if (!src || !rangeOK(dst, n, dev, 3))
 		RETURN(CUDA_ERROR_INVALID_VALUE);
 	memcpy((void *)(uintptr_t)dst, src, n);
+	queueWork(s);
 	RETURN(CUDA_SUCCESS);
 }
 
@@ -898,6 +936,7 @@ CUresult cuMemcpyDtoHAsync_v2(void *dst, CUdeviceptr src, size_t n, CUstream s) 
 	if (!dst || !rangeOK(src, n, dev, 1))
 		RETURN(CUDA_ERROR_INVALID_VALUE);
 	memcpy(dst, (const void *)(uintptr_t)src, n);
+	queueWork(s);
 	RETURN(CUDA_SUCCESS);
 }
 
@@ -909,6 +948,7 @@ CUresult cuMemcpyDtoDAsync_v2(CUdeviceptr dst, CUdeviceptr src, size_t n, CUstre
 	if (!rangeOK(dst, n, dev, 3) || !rangeOK(src, n, dev, 1))
 		RETURN(CUDA_ERROR_INVALID_VALUE);
 	memmove((void *)(uintptr_t)dst, (const void *)(uintptr_t)src, n);
+	queueWork(s);
 	RETURN(CUDA_SUCCESS);
 }
 
@@ -920,6 +960,7 @@ CUresult cuMemsetD8Async(CUdeviceptr dst, unsigned char v, size_t n, CUstream s)
 	if (!rangeOK(dst, n, dev, 3))
 		RETURN(CUDA_ERROR_INVALID_VALUE);
 	memset((void *)(uintptr_t)dst, v, n);
+	queueWork(s);
 	RETURN(CUDA_SUCCESS);
 }
 
@@ -1054,6 +1095,39 @@ long long fakecu_calls(const char *sym) {
 	long long n = calls[i];
 	pthread_mutex_unlock(&mu);
 	return n;
+}
+
+/* fakecu_hold makes work on stream s stay pending until fakecu_complete or
+ * a synchronize; fakecu_launch queues one work item on s; fakecu_complete
+ * completes the oldest n pending items of s. They return -1 for an unknown
+ * stream. (Copies move their bytes at once either way.) */
+int fakecu_hold(CUstream s) {
+	pthread_mutex_lock(&mu);
+	struct stream *x = findStream(s);
+	if (x)
+		x->held = 1;
+	pthread_mutex_unlock(&mu);
+	return x ? 0 : -1;
+}
+
+int fakecu_launch(CUstream s) {
+	pthread_mutex_lock(&mu);
+	struct stream *x = findStream(s);
+	if (x)
+		queueWork(s);
+	pthread_mutex_unlock(&mu);
+	return x ? 0 : -1;
+}
+
+int fakecu_complete(CUstream s, int n) {
+	pthread_mutex_lock(&mu);
+	struct stream *x = findStream(s);
+	if (x) {
+		uint64_t pending = x->queued - x->done;
+		x->done += (uint64_t)n < pending ? (uint64_t)n : pending;
+	}
+	pthread_mutex_unlock(&mu);
+	return x ? 0 : -1;
 }
 
 /* fakecu_live fills out[0..7] with the live objects: reservations, mappings,
