@@ -68,7 +68,7 @@ func (d *Driver) overlaps(va uintptr, size uint64) bool {
 	return i > 0 && d.maps[i-1].va+uintptr(d.maps[i-1].h.size) > va
 }
 
-// ReserveAddress implements backend.Driver (cuMemAddressReserve, alignment
+// ReserveAddress implements backend.Driver (cuMemAddressReserve, aligned to
 // the minimum granularity of device 0, address chosen by the driver).
 func (d *Driver) ReserveAddress(size uint64) (uintptr, error) {
 	const op = backend.OpReserve
@@ -82,10 +82,14 @@ func (d *Driver) ReserveAddress(size uint64) (uintptr, error) {
 	defer d.mu.Unlock()
 	var va uintptr
 	rc := d.onDevice(0, func() cuResult {
-		return d.lib.call(symMemAddressReserve, uintptr(unsafe.Pointer(&va)), uintptr(size), 0, 0, 0)
+		return d.lib.call(symMemAddressReserve, uintptr(unsafe.Pointer(&va)), uintptr(size), uintptr(g), 0, 0)
 	})
 	if rc != cuSuccess {
 		return 0, driverError(op, symMemAddressReserve, rc)
+	}
+	if uint64(va)%g != 0 { // not expected of any driver; never hand it out
+		d.onDevice(0, func() cuResult { return d.lib.call(symMemAddressFree, va, uintptr(size)) })
+		return 0, backend.Errorf(op, backend.ErrUnavailable, "R4", "driver returned %#x, not aligned to %d", va, g)
 	}
 	r := &reservation{va: va, size: size}
 	i := sort.Search(len(d.res), func(i int) bool { return d.res[i].va > va })
