@@ -21,7 +21,6 @@ const (
 	cuErrNoDevice                cuResult = 100
 	cuErrInvalidDevice           cuResult = 101
 	cuErrInvalidContext          cuResult = 201
-	cuErrContextAlreadyCurrent   cuResult = 202
 	cuErrAlreadyMapped           cuResult = 208
 	cuErrNotMapped               cuResult = 211
 	cuErrInvalidHandle           cuResult = 400
@@ -32,7 +31,6 @@ const (
 	cuErrHostMemNotRegistered    cuResult = 713
 	cuErrNotPermitted            cuResult = 800
 	cuErrNotSupported            cuResult = 801
-	cuErrSystemNotReady          cuResult = 802
 	cuErrUnknown                 cuResult = 999
 )
 
