@@ -307,3 +307,39 @@ func TestIPCChild(t *testing.T) {
 	require.NoError(t, d.FreePhysical(h))
 	require.NoError(t, d.ReleaseAddress(va, size))
 }
+
+// TestImportRollback imports, in a second Driver of the same process, a
+// handle the first exported, and checks that an import failing after the
+// driver took a reference (a fault in the property query, a wrong device)
+// gives that reference back.
+func TestImportRollback(t *testing.T) {
+	a, dbl := openDouble(t, nil)
+	b, err := cuda.Open(cuda.WithLibrary(a.Library()))
+	require.NoError(t, err)
+	defer b.Close()
+	h, err := a.CreatePhysical(2<<20, backend.DeviceProp(0))
+	require.NoError(t, err)
+	sh, err := a.Export(h, backend.ShareDefault)
+	require.NoError(t, err)
+	before := dbl.Live().Handles
+
+	require.NoError(t, dbl.Fail("cuMemGetAllocationPropertiesFromHandle", 1, 999))
+	_, err = b.Import(sh, 0)
+	conformance.RequireKind(t, err, backend.OpImport, backend.ErrUnavailable)
+	assert.Contains(t, err.Error(), "cuMemGetAllocationPropertiesFromHandle")
+	assert.Equal(t, before, dbl.Live().Handles, "the failed import kept a driver reference")
+
+	_, err = b.Import(sh, 1) // the memory is on device 0
+	conformance.RequireKind(t, err, backend.OpImport, backend.ErrInvalidArgument)
+	assert.Equal(t, before, dbl.Live().Handles)
+
+	hb, err := b.Import(sh, 0)
+	require.NoError(t, err)
+	assert.Equal(t, before+1, dbl.Live().Handles)
+	require.NoError(t, a.FreePhysical(h)) // closes the exported fd too
+	_, size, err := b.HandleProperties(hb)
+	require.NoError(t, err, "the importer's handle outlives the exporter's")
+	assert.Equal(t, uint64(2<<20), size)
+	require.NoError(t, b.FreePhysical(hb))
+	assert.Equal(t, before-1, dbl.Live().Handles)
+}

@@ -130,18 +130,20 @@ func (d *Driver) Import(shareable uint64, dev int) (backend.Handle, error) {
 	}
 	var h uint64
 	var p cuMemAllocationProp
+	failed := symMemImportFromShareableHandle
 	rc := d.onDevice(dev, func() cuResult {
 		if rc := d.lib.call(symMemImportFromShareableHandle, uintptr(unsafe.Pointer(&h)), uintptr(fd), cuMemHandleTypePosixFD); rc != cuSuccess {
 			return rc
 		}
 		if rc := d.lib.call(symMemGetAllocationPropertiesFromHandle, uintptr(unsafe.Pointer(&p)), uintptr(h)); rc != cuSuccess {
-			d.lib.call(symMemRelease, uintptr(h))
+			failed = symMemGetAllocationPropertiesFromHandle
+			d.lib.call(symMemRelease, uintptr(h)) // give the reference back
 			return rc
 		}
 		return cuSuccess
 	})
 	if rc != cuSuccess {
-		return 0, driverError(op, symMemImportFromShareableHandle, rc)
+		return 0, driverError(op, failed, rc)
 	}
 	id := backend.Handle(h)
 	if x := d.handles[id]; x != nil && x.imported {
