@@ -65,7 +65,6 @@ type device struct {
 	ordinal  int     // physical CUdevice
 	ctx      uintptr // retained primary context
 	gran     uint64  // minimum granularity, nbytes
-	granRec  uint64  // recommended granularity, nbytes
 	posixFDs bool    // POSIX-fd shareable handles supported (attribute 103)
 }
 
@@ -179,17 +178,12 @@ func (d *Driver) openDevice(o, count int) (device, error) {
 		return device{}, fmt.Errorf("cuda: cuDevicePrimaryCtxRetain(%d): %s: %w", o, cuErrorName(rc), kindOf(rc))
 	}
 	prop := dv.allocProp()
-	for _, g := range []struct {
-		opt int
-		out *uint64
-	}{{cuGranularityMinimum, &dv.gran}, {cuGranularityRecommended, &dv.granRec}} {
-		rc := d.onContext(dv.ctx, func() cuResult {
-			return l.call(symMemGetAllocationGranularity, uintptr(unsafe.Pointer(g.out)), uintptr(unsafe.Pointer(&prop)), uintptr(g.opt))
-		})
-		if rc != cuSuccess || *g.out == 0 {
-			l.call(symPrimaryCtxRelease, uintptr(cu))
-			return device{}, fmt.Errorf("cuda: cuMemGetAllocationGranularity(device %d): %s: %w", o, cuErrorName(rc), kindOf(rc))
-		}
+	rc := d.onContext(dv.ctx, func() cuResult {
+		return l.call(symMemGetAllocationGranularity, uintptr(unsafe.Pointer(&dv.gran)), uintptr(unsafe.Pointer(&prop)), cuGranularityMinimum)
+	})
+	if rc != cuSuccess || dv.gran == 0 || dv.gran&(dv.gran-1) != 0 {
+		l.call(symPrimaryCtxRelease, uintptr(cu))
+		return device{}, fmt.Errorf("cuda: cuMemGetAllocationGranularity(device %d): %s, granularity %d: %w", o, cuErrorName(rc), dv.gran, backend.ErrUnavailable)
 	}
 	return dv, nil
 }
