@@ -17,7 +17,7 @@
 # Lines of results start with GPUCHECK. It takes well under 5 minutes.
 #
 # Nothing is downloaded. The test binary is either built here from the
-# module cache (GOFLAGS=-mod=mod GOPROXY=off: run `go mod download` once,
+# module cache (GOPROXY=off: run `go mod download` once,
 # or carry the cache) or given prebuilt: build it anywhere with
 # `backend/cuda/gpucheck.sh --build DIR` (CGO_ENABLED=0: it needs only the
 # C library and libcuda.so.1 at run time) and run
@@ -36,7 +36,7 @@ case "${1:-}" in
 	[ $# -eq 2 ] || { echo "usage: $0 --build DIR" >&2; exit 2; }
 	mkdir -p "$2"
 	cd "$root"
-	CGO_ENABLED=0 GOFLAGS=-mod=mod GOPROXY=off go test -c -o "$2/cuda.test" ./backend/cuda
+	CGO_ENABLED=0 GOPROXY=off go test -c -o "$2/cuda.test" ./backend/cuda
 	echo "gpucheck: built $2/cuda.test"
 	exit 0 ;;
 "") ;;
@@ -71,7 +71,7 @@ if [ -z "$bin" ]; then
 	tmp=$(mktemp -d)
 	trap 'rm -rf "$tmp"' EXIT
 	bin=$tmp/cuda.test
-	(cd "$root" && CGO_ENABLED=0 GOFLAGS=-mod=mod GOPROXY=off go test -c -o "$bin" ./backend/cuda)
+	(cd "$root" && CGO_ENABLED=0 GOPROXY=off go test -c -o "$bin" ./backend/cuda)
 fi
 if [ -z "${VMMALLOC_TRACES:-}" ] && [ -d "$root/../shared/traces" ]; then
 	export VMMALLOC_TRACES="$root/../shared/traces"
