@@ -5,6 +5,7 @@ import (
 	"math"
 	"math/bits"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 )
@@ -78,7 +79,16 @@ type Config struct {
 	// 2 × MaxSegmentsPerPool × 9/8 × device memory, whatever the number of
 	// streams. Key: max_segments_per_pool.
 	MaxSegmentsPerPool int
+	// Backend names the driver a program should open (backend/drivers):
+	// "native", PyTorch's value and the default, leaves the choice to the
+	// program (the CLI opens the emulator); "emulated", "cuda" or "acl"
+	// names one. The allocator itself runs over whatever driver it is given.
+	// Key: backend.
+	Backend string
 }
+
+// Backends are the values the backend key accepts.
+var Backends = []string{"native", "emulated", "cuda", "acl"}
 
 // DefaultConfig is the configuration used when nothing is set.
 func DefaultConfig() Config {
@@ -92,6 +102,7 @@ func DefaultConfig() Config {
 		HandleCacheSize:          256 * mib,
 		MaxSegmentsPerPool:       2,
 		DefragThreshold:          0.01,
+		Backend:                  "native",
 	}
 }
 
@@ -236,9 +247,10 @@ func (c *Config) set(k, v string) error {
 	case "roundup_power2_divisions":
 		return c.setRoundup(k, v)
 	case "backend":
-		if v != "native" {
-			return badValue(k, v, "only native is supported")
+		if !slices.Contains(Backends, v) {
+			return badValue(k, v, "want one of "+strings.Join(Backends, ", "))
 		}
+		c.Backend = v
 	default:
 		return fmt.Errorf("%w: unknown key %q", ErrInvalidConfig, k)
 	}
@@ -360,6 +372,9 @@ func (c Config) String() string {
 		b.WriteString(",defrag_threshold:off")
 	} else {
 		fmt.Fprintf(b, ",defrag_threshold:%g", c.DefragThreshold)
+	}
+	if c.Backend != "" && c.Backend != "native" {
+		fmt.Fprintf(b, ",backend:%s", c.Backend)
 	}
 	if c.GarbageCollectionThreshold != 0 {
 		fmt.Fprintf(b, ",garbage_collection_threshold:%g", c.GarbageCollectionThreshold)

@@ -44,7 +44,10 @@ func TestParseConfig(t *testing.T) {
 		{"max_segments_per_pool:1,handle_cache_mb:0,backend:native", func(t *testing.T, c Config) {
 			assert.Equal(t, 1, c.MaxSegmentsPerPool)
 			assert.Zero(t, c.HandleCacheSize)
+			assert.Equal(t, "native", c.Backend)
 		}},
+		{"backend:cuda", func(t *testing.T, c Config) { assert.Equal(t, "cuda", c.Backend) }},
+		{"backend:emulated", func(t *testing.T, c Config) { assert.Equal(t, "emulated", c.Backend) }},
 	}
 	for _, c := range cases {
 		t.Run(c.in, func(t *testing.T) {

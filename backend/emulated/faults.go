@@ -168,6 +168,8 @@ func DefaultCostModel() CostModel {
 		backend.OpHostRegister:      30 * us,
 		backend.OpHostUnregister:    20 * us,
 		backend.OpHostDevicePointer: us,
+		backend.OpMemcpy:            5 * us, // launch; the bytes cost PerGiB
+		backend.OpMemset:            3 * us,
 	} {
 		m.PerCall[op] = c
 	}
@@ -179,6 +181,8 @@ func DefaultCostModel() CostModel {
 	m.PerGiB[backend.OpMallocHost] = 250 * us
 	m.PerGiB[backend.OpFreeHost] = 50 * us
 	m.PerGiB[backend.OpHostRegister] = 200 * us
+	m.PerGiB[backend.OpMemcpy] = 40 * time.Millisecond // a host link (~25 GB/s); device copies are faster
+	m.PerGiB[backend.OpMemset] = 400 * us              // device bandwidth (~2.5 TB/s)
 	return m
 }
 

@@ -24,6 +24,9 @@
 //	--json           print the report as JSON (--samples adds the time series)
 //	--svg file       write a plot of memory over time (every policy with --compare)
 //	--releases=false ignore the cache releases the trace records (a PyTorch snapshot's segment frees)
+//	--backend name   replay on emulated (default), cuda or acl (backend/drivers;
+//	                 also the config's backend key); a device replay scales the
+//	                 trace to fit the device and takes none of the emulator-only flags
 //
 // sweep replays a grid of policies × traces, one run per core at a time,
 // searching each run's minimum capacity; it prints a Markdown table and

@@ -9,6 +9,7 @@ import (
 
 	"github.com/dustin/go-humanize"
 	"github.com/vmmalloc/vmmalloc/allocator"
+	"github.com/vmmalloc/vmmalloc/backend/drivers"
 	"github.com/vmmalloc/vmmalloc/benchmarks/replay"
 	"github.com/vmmalloc/vmmalloc/benchmarks/trace"
 	"github.com/vmmalloc/vmmalloc/benchmarks/workload"
@@ -30,6 +31,7 @@ type replayFlags struct {
 	allowOOM bool
 	strict   bool
 	releases bool
+	backend  string
 }
 
 // jsonReport is the --json output: the report's fields at the top level,
@@ -69,6 +71,7 @@ func cmdReplay(args []string, stdout, stderr io.Writer) error {
 	fs.BoolVar(&f.allowOOM, "allow-oom", false, "exit 0 even when the replay runs out of device memory (exit status 4 otherwise)")
 	fs.BoolVar(&f.strict, "strict", false, "fail when the trace frees unknown blocks or allocates blocks already live")
 	fs.BoolVar(&f.releases, "releases", true, "apply the cache releases the trace records (empty_cache events; a PyTorch snapshot's segment frees); --releases=false ignores them")
+	fs.StringVar(&f.backend, "backend", "", "`driver` to replay on: "+backendChoices+" (default: the config's backend key, else emulated)")
 	pos, err := parseArgs(fs, args)
 	if err != nil {
 		return err
@@ -87,6 +90,10 @@ func cmdReplay(args []string, stdout, stderr io.Writer) error {
 		return usagef("--samples needs --json (the time series is part of the JSON report; --svg plots it)")
 	}
 	cfg, given, err := cliConfig(f.config)
+	if err != nil {
+		return err
+	}
+	backendName, err := pickBackend(f, cfg)
 	if err != nil {
 		return err
 	}
@@ -120,6 +127,9 @@ func cmdReplay(args []string, stdout, stderr io.Writer) error {
 	label := "replay"
 	if in.info.Name != "" {
 		label = in.info.Name
+	}
+	if backendName != drivers.DefaultName {
+		return replayOnBackend(backendName, cfg, in, f.asJSON, stdout)
 	}
 	var (
 		reports  []*replay.Report
