@@ -40,6 +40,7 @@ type Allocator struct {
 	st       stats.DeviceStats               // mu
 	counters segment.Counters                // driver-call figures shared by segments; mu
 	scratch  []*arena.Block                  // reusable slice for release walks; mu
+	hist     *history                        // memory history (history.go); nil when off; mu
 
 	zombies        []*zombie        // dropped segments still holding driver state; mu
 	scratchEvents  []pendingEvent   // reusable slice for insertEvents; mu
@@ -250,10 +251,16 @@ func (a *Allocator) Malloc(size uint64, stream backend.Stream) (uintptr, error) 
 	b := a.bestFit(ss, p, rounded)
 	if b == nil {
 		if b, err = a.allocSlow(ss, p, rounded, size); err != nil {
+			if a.hist != nil {
+				a.histOOM(size, ss.stream, err)
+			}
 			return 0, err
 		}
 	}
 	a.allocFound(ss, p, b, rounded, size)
+	if a.hist != nil {
+		a.histAlloc(b, size)
+	}
 	return b.Addr, nil
 }
 
@@ -344,6 +351,9 @@ func (a *Allocator) Free(ptr uintptr) error {
 			return err
 		}
 	}
+	if a.hist != nil {
+		a.histFreeRequested(b)
+	}
 	p := &a.pools[poolIdx(b)]
 	a.st.Allocation.Dec(p.kind, 1)
 	a.st.AllocatedBytes.Dec(p.kind, int64(b.Size))
@@ -392,6 +402,9 @@ func (a *Allocator) segAt(ptr uintptr) *seg {
 // freeBlock makes an Allocated or PendingFree block free and coalesces it
 // with free neighbours of the same stream. mu held.
 func (a *Allocator) freeBlock(b *arena.Block) {
+	if a.hist != nil {
+		a.histFreeCompleted(b)
+	}
 	ss := a.lastS // usually the stream just used
 	if ss == nil || ss.stream != b.Stream {
 		ss = a.streams[b.Stream]

@@ -359,6 +359,7 @@ func (a *Allocator) Snapshot() stats.Snapshot {
 				si.AllocatedSize += b.Size
 				si.ActiveSize += b.Size
 				si.RequestedSize += b.Requested
+				bi.Stack = a.blockStack(b)
 			case arena.PendingFree:
 				bi.State = stats.BlockActivePendingFree
 				si.ActiveSize += b.Size
