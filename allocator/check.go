@@ -345,6 +345,10 @@ func (a *Allocator) checkDriver(in backend.Introspector) error {
 func (a *Allocator) Snapshot() stats.Snapshot {
 	a.mu.Lock()
 	defer a.mu.Unlock()
+	return a.snapshotLocked()
+}
+
+func (a *Allocator) snapshotLocked() stats.Snapshot {
 	var s stats.Snapshot
 	for _, sg := range a.segs {
 		si := stats.SegmentInfo{

@@ -1,0 +1,81 @@
+package replay
+
+import (
+	"bytes"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"github.com/vmmalloc/vmmalloc/benchmarks/trace"
+	"github.com/vmmalloc/vmmalloc/benchmarks/workload"
+)
+
+// TestSnapshotRoundTrip is the proof that snapshots carry the run: a
+// replay writes a PyTorch snapshot, vmmalloc's own importer reads it back,
+// and replaying the imported trace with the same policy reaches the same
+// peak allocated and reserved bytes, exactly.
+//
+// The workloads have no record_stream: the importer frees at
+// free_completed (when PyTorch could reuse the block), so a block whose
+// free waited on another stream would count as allocated for longer in
+// the second run. Nor do they call empty_cache, which PyTorch's format
+// cannot express.
+func TestSnapshotRoundTrip(t *testing.T) {
+	training, err := workload.TransformerTraining(smallTraining(), 3)
+	require.NoError(t, err)
+	mixCfg := workload.DefaultMixConfig()
+	mixCfg.Allocs, mixCfg.RecordStreamProb, mixCfg.EmptyCacheProb = 3000, 0, 0
+	mix, err := workload.RandomMix(mixCfg, 5)
+	require.NoError(t, err)
+
+	for _, tc := range []struct {
+		name   string
+		events []trace.Event
+		config string
+	}{
+		{"training expandable", training, ""},
+		{"training classic", training, "expandable_segments:False"},
+		{"mix expandable two streams", mix, ""},
+		{"mix classic two streams", mix, "expandable_segments:False"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			cfg := mustConfig(t, tc.config)
+			var snap bytes.Buffer
+			orig, err := Run(trace.NewSliceReader(tc.events), Options{Config: cfg, Snapshot: &snap, MaxSamples: -1})
+			require.NoError(t, err)
+			require.Zero(t, orig.OOMs)
+
+			pt, err := trace.ImportPyTorchSnapshot(bytes.NewReader(snap.Bytes()), 0)
+			require.NoError(t, err)
+			assert.Equal(t, int(orig.Allocs), pt.Allocs)
+			assert.Equal(t, 0, pt.UnmatchedFrees)
+			assert.Nil(t, pt.UnknownActions)
+			assert.Zero(t, pt.ReservedBaseline, "every unmap follows its map")
+			assert.Equal(t, orig.PeakReserved, pt.PeakReserved, "reserved curve of the trace")
+			assert.Equal(t, orig.EndReserved, pt.SnapshotReserved, "segments at snapshot time")
+			assert.Equal(t, orig.EndAllocated, pt.SnapshotAllocated)
+			assert.Equal(t, "vmmalloc", pt.Settings["backend"])
+
+			again, err := Run(pt.Reader(), Options{Config: cfg, MaxSamples: -1})
+			require.NoError(t, err)
+			assert.Equal(t, orig.PeakAllocated, again.PeakAllocated, "peak allocated")
+			assert.Equal(t, orig.PeakReserved, again.PeakReserved, "peak reserved")
+			assert.Equal(t, orig.PeakRequested, again.PeakRequested, "peak requested")
+			assert.Equal(t, orig.Allocs, again.Allocs)
+		})
+	}
+}
+
+func TestSnapshotOptions(t *testing.T) {
+	var snap bytes.Buffer
+	_, err := Run(trace.NewSliceReader(nil), Options{Snapshot: &snap, SnapshotEntries: -1})
+	require.ErrorIs(t, err, ErrInvalidOptions)
+	assert.Zero(t, snap.Len(), "nothing written on bad options")
+}
+
+// smallTraining is a short training run: 4 layers, 5 steps.
+func smallTraining() workload.TrainingConfig {
+	c := workload.DefaultTrainingConfig()
+	c.Layers, c.Steps = 4, 5
+	return c
+}
