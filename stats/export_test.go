@@ -156,7 +156,7 @@ func TestExportErrors(t *testing.T) {
 
 func TestExportWriterErrors(t *testing.T) {
 	for name, call := range map[string]func(w *errWriter) error{
-		"json":       func(w *errWriter) error { return WriteJSON(w, fixture()) },
+		"json": func(w *errWriter) error { return WriteJSON(w, fixture()) },
 	} {
 		t.Run(name, func(t *testing.T) {
 			w := &errWriter{}
