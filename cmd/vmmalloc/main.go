@@ -18,10 +18,13 @@
 //	--compare        replay the default policy set, search each one's minimum capacity, print a table
 //	--json           print the report as JSON
 //	--svg file       write a plot of allocated vs reserved memory over time
+//	--snapshot file  write a PyTorch memory snapshot of the replay (open it at pytorch.org/memory_viz)
 //
 // gen writes --kind training|inference|mix with --seed in --format
 // binary|text to -o. convert reads any input format and writes binary or
-// text (--to, or from the -o extension: .txt is text).
+// text (--to, or from the -o extension: .txt is text), or, with --to
+// pytorch (or a .pickle output), replays the trace with --config and
+// writes the PyTorch memory snapshot of the run.
 //
 // Bad input (a missing file, a truncated or hostile pickle, an unknown
 // format, bad flags) is reported as one line on stderr with a non-zero

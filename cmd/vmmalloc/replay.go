@@ -27,6 +27,8 @@ type replayFlags struct {
 	format   string
 	device   int
 	check    bool
+	snapshot string // PyTorch memory snapshot output file
+	entries  int    // history entries the snapshot keeps
 }
 
 // jsonReport is the --json output: the report's fields at the top level,
@@ -61,6 +63,8 @@ func cmdReplay(args []string, stdout, stderr io.Writer) error {
 	fs.StringVar(&f.format, "format", fmtAuto, "input format: auto, binary, text, pytorch or rmm")
 	fs.IntVar(&f.device, "device", 0, "device index of a PyTorch snapshot")
 	fs.BoolVar(&f.check, "check", false, "check the allocator's invariants after the replay")
+	fs.StringVar(&f.snapshot, "snapshot", "", "write a PyTorch memory snapshot of the replay (for pytorch.org/memory_viz) to `file`")
+	fs.IntVar(&f.entries, "snapshot-entries", replay.DefaultSnapshotEntries, "newest history entries the --snapshot keeps")
 	pos, err := parseArgs(fs, args)
 	if err != nil {
 		return err
@@ -74,6 +78,9 @@ func cmdReplay(args []string, stdout, stderr io.Writer) error {
 	}
 	if f.device < 0 {
 		return usagef("--device %d: want ≥ 0", f.device)
+	}
+	if f.snapshot != "" && f.compare {
+		return usagef("--snapshot records one replay; it cannot be combined with --compare")
 	}
 	cfg, err := allocator.ParseConfig(f.config)
 	if err != nil {
@@ -148,9 +155,17 @@ func cmdReplay(args []string, stdout, stderr io.Writer) error {
 				return err
 			}
 		}
-		rep, err = replay.Run(in.reader(), opts)
+		var sf *snapshotFile
+		if f.snapshot != "" {
+			if sf, err = createSnapshot(f.snapshot, f.entries); err != nil {
+				return err
+			}
+		}
+		ropts := opts
+		ropts.Snapshot, ropts.SnapshotEntries = sf.writer(), f.entries
+		rep, err = replay.Run(in.reader(), ropts)
 		pb.done()
-		if err != nil {
+		if err = sf.finish(err); err != nil {
 			return err
 		}
 		if f.minCap {
