@@ -402,9 +402,6 @@ func (a *Allocator) segAt(ptr uintptr) *seg {
 // freeBlock makes an Allocated or PendingFree block free and coalesces it
 // with free neighbours of the same stream. mu held.
 func (a *Allocator) freeBlock(b *arena.Block) {
-	if a.hist != nil {
-		a.histFreeCompleted(b)
-	}
 	ss := a.lastS // usually the stream just used
 	if ss == nil || ss.stream != b.Stream {
 		ss = a.streams[b.Stream]

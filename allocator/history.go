@@ -252,8 +252,10 @@ func (a *Allocator) histAlloc(b *arena.Block, size uint64) {
 	h.record(stats.TraceAlloc, b.Addr, size, b.Stream, id)
 }
 
-// histFreeRequested records that Free was called on allocated block b.
-// Called directly from Free. mu held.
+// histFreeRequested records that Free was called on allocated block b,
+// and that it is back in the pool when no stream event holds it (so that
+// the direct path pays one recording check). Called directly from Free,
+// after events were inserted. mu held.
 //
 //go:noinline
 func (a *Allocator) histFreeRequested(b *arena.Block) {
@@ -267,10 +269,13 @@ func (a *Allocator) histFreeRequested(b *arena.Block) {
 	c.frees++
 	c.freeBytes += int64(b.Size)
 	h.record(stats.TraceFreeRequested, b.Addr, b.Requested, b.Stream, h.callerStack(0))
+	if b.Events == 0 {
+		h.record(stats.TraceFreeCompleted, b.Addr, b.Requested, b.Stream, 0)
+	}
 }
 
-// histFreeCompleted records that b, freed, is back in its pool (before
-// freeBlock clears its requested size). mu held.
+// histFreeCompleted records that b, whose free waited on stream events, is
+// back in its pool (before freeBlock clears its requested size). mu held.
 func (a *Allocator) histFreeCompleted(b *arena.Block) {
 	a.hist.record(stats.TraceFreeCompleted, b.Addr, b.Requested, b.Stream, 0)
 }

@@ -71,6 +71,9 @@ func (a *Allocator) eventDone(ss *streamState) {
 	pe.b.Events--
 	if pe.b.Events == 0 {
 		a.pending--
+		if a.hist != nil {
+			a.histFreeCompleted(pe.b)
+		}
 		a.freeBlock(pe.b)
 	}
 }
