@@ -3,6 +3,7 @@ package allocator
 import (
 	"runtime"
 	"strings"
+	"sync"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -207,4 +208,40 @@ func TestMemProfileMatchesAllocated(t *testing.T) {
 	assert.Equal(t, int64(a.MemoryAllocated()), inuse)
 	assert.Equal(t, int64(25), inuseObjs)
 	assert.Equal(t, int64(41), allocs)
+}
+
+// TestHistoryConcurrent reads the history, profile and snapshot while
+// other goroutines allocate (run with -race).
+func TestHistoryConcurrent(t *testing.T) {
+	a, e := newAlloc(t, "")
+	require.NoError(t, a.RecordHistory(HistoryOptions{MaxEntries: 256, Stacks: true}))
+	var wg sync.WaitGroup
+	for g := range 4 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := range 200 {
+				p, err := a.Malloc(uint64(512*(1+(i+g)%9)), 0)
+				if !assert.NoError(t, err) {
+					return
+				}
+				assert.NoError(t, a.Free(p))
+			}
+		}()
+	}
+	for range 20 {
+		_, _ = a.History()
+		_, _ = a.MemProfile()
+		_ = a.MemorySnapshot()
+	}
+	wg.Wait()
+	mustCheck(t, a, e)
+	recs, _ := a.MemProfile()
+	var allocs, frees int64
+	for _, r := range recs {
+		allocs += r.AllocObjects
+		frees += r.FreeObjects
+	}
+	assert.Equal(t, int64(800), allocs)
+	assert.Equal(t, int64(800), frees)
 }
