@@ -2,6 +2,7 @@ package replay
 
 import (
 	"bytes"
+	"path/filepath"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -78,4 +79,30 @@ func smallTraining() workload.TrainingConfig {
 	c := workload.DefaultTrainingConfig()
 	c.Layers, c.Steps = 4, 5
 	return c
+}
+
+// TestSnapshotRoundTripRealTraces runs the round trip on the real PyTorch
+// traces (skipped when they are absent): replaying a vmmalloc-written
+// snapshot of a replayed PyTorch trace reproduces its peaks exactly.
+func TestSnapshotRoundTripRealTraces(t *testing.T) {
+	if testing.Short() {
+		t.Skip("replays real traces")
+	}
+	for _, name := range []string{"cs336_ctx128_forward.pickle", "cs336_small_forward_bf16.pickle", "cs336_ctx128_fullstep.pickle", "llama7b_offload_4streams.pickle", "cs336_gpt2small_compiled_train.pickle", "cs336_medium_ctx1024_train.pickle"} {
+		t.Run(name, func(t *testing.T) {
+			pt := loadSnapshot(t, filepath.Join(tracesDir(), name))
+			var snap bytes.Buffer
+			orig, err := Run(pt.Reader(), Options{Snapshot: &snap, MaxSamples: -1})
+			require.NoError(t, err)
+			back, err := trace.ImportPyTorchSnapshot(bytes.NewReader(snap.Bytes()), 0)
+			require.NoError(t, err)
+			again, err := Run(back.Reader(), Options{MaxSamples: -1})
+			require.NoError(t, err)
+			t.Logf("%s: %d events, snapshot %d bytes, peak allocated %d / %d, peak reserved %d / %d",
+				name, orig.Events, snap.Len(), orig.PeakAllocated, again.PeakAllocated, orig.PeakReserved, again.PeakReserved)
+			assert.Equal(t, orig.PeakAllocated, again.PeakAllocated)
+			assert.Equal(t, orig.PeakReserved, again.PeakReserved)
+			assert.Equal(t, orig.PeakReserved, back.PeakReserved)
+		})
+	}
 }
