@@ -1,6 +1,7 @@
 package allocator
 
 import (
+	"math/rand/v2"
 	"runtime"
 	"strings"
 	"sync"
@@ -8,6 +9,7 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	"github.com/vmmalloc/vmmalloc/backend"
 	"github.com/vmmalloc/vmmalloc/backend/emulated"
 	"github.com/vmmalloc/vmmalloc/stats"
 )
@@ -244,4 +246,81 @@ func TestHistoryConcurrent(t *testing.T) {
 	}
 	assert.Equal(t, int64(800), allocs)
 	assert.Equal(t, int64(800), frees)
+}
+
+// TestHistoryMatchesState runs random operations, with driver faults and
+// out-of-memory, and checks that the recorded history accounts for the
+// state exactly: segment entries add up to reserved bytes, and the blocks
+// allocated and not freed in the trace are the allocated blocks.
+func TestHistoryMatchesState(t *testing.T) {
+	for _, conf := range []string{"", "expandable_segments:False", "release_threshold_mb:0"} {
+		t.Run(conf, func(t *testing.T) {
+			a, e := newAlloc(t, conf, emulated.WithCapacity(512<<20))
+			s2, err := e.StreamCreate(0)
+			require.NoError(t, err)
+			defer func() { _ = e.StreamDestroy(s2) }()
+			for _, op := range []backend.Op{backend.OpMap, backend.OpCreate, backend.OpUnmap} {
+				require.NoError(t, e.FailRandom(op, 0.05, uint64(op)+1, backend.ErrOutOfMemory))
+			}
+			require.NoError(t, a.RecordHistory(HistoryOptions{MaxEntries: 1 << 16}))
+			rng := rand.New(rand.NewPCG(7, uint64(len(conf))))
+			var live []uintptr
+			for range 3000 {
+				switch r := rng.IntN(100); {
+				case r < 50:
+					s := backend.Stream(0)
+					if rng.IntN(2) == 0 {
+						s = s2
+					}
+					p, err := a.Malloc(uint64(1+rng.IntN(48<<20)), s)
+					if err == nil {
+						live = append(live, p)
+					}
+				case r < 90 && len(live) > 0:
+					i := rng.IntN(len(live))
+					if rng.IntN(4) == 0 {
+						_ = a.RecordStream(live[i], s2)
+					}
+					require.NoError(t, a.Free(live[i]))
+					live = append(live[:i], live[i+1:]...)
+				case r < 95:
+					_ = a.Synchronize(s2)
+				default:
+					_ = a.EmptyCache()
+				}
+			}
+			require.NoError(t, a.Check())
+			h, _ := a.History()
+			require.Zero(t, h.Dropped)
+			var reserved int64
+			allocated := map[uintptr]bool{}
+			ooms := 0
+			for _, en := range h.Entries {
+				switch en.Action {
+				case stats.TraceSegmentMap, stats.TraceSegmentAlloc:
+					reserved += int64(en.Size)
+				case stats.TraceSegmentUnmap, stats.TraceSegmentFree:
+					reserved -= int64(en.Size)
+				case stats.TraceAlloc:
+					allocated[en.Addr] = true
+				case stats.TraceFreeRequested:
+					delete(allocated, en.Addr)
+				case stats.TraceOOM:
+					ooms++
+				}
+			}
+			assert.Equal(t, int64(a.MemoryReserved()), reserved, "segment entries add up to reserved bytes")
+			want := map[uintptr]bool{}
+			for _, p := range live {
+				want[p] = true
+			}
+			assert.Equal(t, want, allocated)
+			assert.Equal(t, int(a.Stats().NumOOMs), ooms)
+			assert.Positive(t, ooms, "the run reaches out-of-memory")
+			assert.Positive(t, e.Failures(backend.OpMap)+e.Failures(backend.OpCreate), "faults were injected")
+			for _, op := range []backend.Op{backend.OpMap, backend.OpCreate, backend.OpUnmap} {
+				require.NoError(t, e.FailRandom(op, 0, 0, backend.ErrOutOfMemory)) // let Close clean up
+			}
+		})
+	}
 }
