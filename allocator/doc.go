@@ -78,6 +78,16 @@
 // memory, since its free handles can always be unmapped; honouring it there is
 // what made reserved memory grow without bound in pytorch#193400.
 //
+// # Memory history
+//
+// RecordHistory (off by default) keeps a ring of alloc, free_requested,
+// free_completed, segment map/unmap/alloc/free, empty_cache and oom
+// entries, optionally with the Go call stack of each Malloc and Free
+// caller (history.go). MemorySnapshot pairs it with the segments for
+// PyTorch's memory viewer (package stats/memviz), and MemProfile feeds the
+// pprof profile of package allocator/devprof. When off, the cache-hit path
+// pays one nil check in Malloc and one in Free.
+//
 // # Concurrency
 //
 // One mutex guards all state of an Allocator; driver calls for growth and
