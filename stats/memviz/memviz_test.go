@@ -363,3 +363,46 @@ func TestPythonLoadsSnapshot(t *testing.T) {
 	assert.Positive(t, entries)
 	assert.Equal(t, a.MemoryAllocated(), allocated)
 }
+
+// TestManyStacksMemo crosses the one-byte memo index (BINPUT/BINGET to
+// LONG_BINPUT/LONG_BINGET) and checks every reference decodes to its own
+// frames, with vmmalloc's reader and, when present, CPython's.
+func TestManyStacksMemo(t *testing.T) {
+	const n = 300
+	d := memviz.Device{}
+	for i := range n {
+		d.Stacks = append(d.Stacks, []memviz.Frame{{Filename: "f.go", Line: i, Name: fmt.Sprintf("fn%d", i)}})
+	}
+	for round := range 2 {
+		for i := range n {
+			d.Trace = append(d.Trace, stats.TraceEntry{Action: stats.TraceAlloc, Addr: uintptr(i+round*n) * 512, Size: 512, Stack: uint32(i + 1)})
+		}
+	}
+	var buf bytes.Buffer
+	require.NoError(t, memviz.Write(&buf, memviz.Snapshot{Devices: []memviz.Device{d}}))
+	v, err := pickle.Decode(buf.Bytes())
+	require.NoError(t, err)
+	tr := v.(map[string]any)["device_traces"].([]any)[0].([]any)
+	require.Len(t, tr, 2*n)
+	for k, e := range tr {
+		i := k % n
+		frames := e.(map[string]any)["frames"].([]any)
+		require.Len(t, frames, 1)
+		assert.Equal(t, map[string]any{"filename": "f.go", "line": int64(i), "name": fmt.Sprintf("fn%d", i)}, frames[0], "entry %d", k)
+	}
+
+	py, err := exec.LookPath("python3")
+	if err != nil {
+		return
+	}
+	path := filepath.Join(t.TempDir(), "s.pickle")
+	require.NoError(t, os.WriteFile(path, buf.Bytes(), 0o600))
+	script := `import pickle, sys
+s = pickle.load(open(sys.argv[1], "rb"))
+t = s["device_traces"][0]
+assert all(e["frames"][0]["name"] == "fn%d" % (k % 300) for k, e in enumerate(t))
+print(len(t))`
+	out, err := exec.Command(py, "-c", script, path).CombinedOutput()
+	require.NoError(t, err, "%s", out)
+	assert.Equal(t, "600\n", string(out))
+}
