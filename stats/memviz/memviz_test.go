@@ -8,6 +8,8 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
+	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -405,4 +407,31 @@ print(len(t))`
 	out, err := exec.Command(py, "-c", script, path).CombinedOutput()
 	require.NoError(t, err, "%s", out)
 	assert.Equal(t, "600\n", string(out))
+}
+
+// FuzzSettingValues round-trips setting values through the writer and
+// vmmalloc's pickle reader.
+func FuzzSettingValues(f *testing.F) {
+	f.Add(int64(0), "expandable_segments:True", 0.5, uint64(1))
+	f.Add(int64(-1<<40), "\xff\xfe", -2.25, uint64(math.MaxUint64))
+	f.Add(int64(math.MinInt64), string(bytes.Repeat([]byte("é"), 200)), math.Inf(1), uint64(1<<63))
+	f.Fuzz(func(t *testing.T, i int64, s string, x float64, u uint64) {
+		var buf bytes.Buffer
+		require.NoError(t, memviz.Write(&buf, memviz.Snapshot{Settings: map[string]any{"i": i, "s": s, "x": x, "u": u}}))
+		v, err := pickle.Decode(buf.Bytes())
+		require.NoError(t, err)
+		got := v.(map[string]any)["allocator_settings"].(map[string]any)
+		assert.Equal(t, i, got["i"])
+		assert.Equal(t, strings.ToValidUTF8(s, "\uFFFD"), got["s"])
+		if math.IsNaN(x) {
+			assert.True(t, math.IsNaN(got["x"].(float64)))
+		} else {
+			assert.Equal(t, x, got["x"])
+		}
+		if u <= math.MaxInt64 {
+			assert.Equal(t, int64(u), got["u"])
+		} else {
+			assert.Equal(t, strconv.FormatUint(u, 10), got["u"].(interface{ String() string }).String())
+		}
+	})
 }

@@ -5,6 +5,8 @@ import (
 	"encoding/binary"
 	"fmt"
 	"math"
+	"strings"
+	"unicode/utf8"
 )
 
 // The pickle subset written here is the one MemoryViz.js's unpickle()
@@ -136,7 +138,12 @@ func (p *pickler) float(v float64) {
 	p.bytes(p.buf[:9]...)
 }
 
+// string writes s as a str. Invalid UTF-8 is replaced by U+FFFD, since
+// Python (and the viewer's TextDecoder) decode str as UTF-8.
 func (p *pickler) string(s string) {
+	if !utf8.ValidString(s) {
+		s = strings.ToValidUTF8(s, "\uFFFD")
+	}
 	if len(s) < 256 {
 		p.bytes(opShortBinUni, byte(len(s)))
 	} else {
