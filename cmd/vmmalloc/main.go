@@ -18,7 +18,8 @@
 //	--compare        replay the default policy set, search each one's minimum capacity, print a table
 //	--json           print the report as JSON
 //	--svg file       write a plot of allocated vs reserved memory over time
-//	--snapshot file  write a PyTorch memory snapshot of the replay (open it at pytorch.org/memory_viz)
+//	--snapshot file  write a PyTorch memory snapshot of the replay (open it at pytorch.org/memory_viz;
+//	                 a .html file is a page that opens the viewer itself)
 //
 // gen writes --kind training|inference|mix with --seed in --format
 // binary|text to -o. convert reads any input format and writes binary or

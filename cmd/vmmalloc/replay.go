@@ -63,7 +63,7 @@ func cmdReplay(args []string, stdout, stderr io.Writer) error {
 	fs.StringVar(&f.format, "format", fmtAuto, "input format: auto, binary, text, pytorch or rmm")
 	fs.IntVar(&f.device, "device", 0, "device index of a PyTorch snapshot")
 	fs.BoolVar(&f.check, "check", false, "check the allocator's invariants after the replay")
-	fs.StringVar(&f.snapshot, "snapshot", "", "write a PyTorch memory snapshot of the replay (for pytorch.org/memory_viz) to `file`")
+	fs.StringVar(&f.snapshot, "snapshot", "", "write a PyTorch memory snapshot of the replay (for pytorch.org/memory_viz) to `file`; a .html file opens the viewer")
 	fs.IntVar(&f.entries, "snapshot-entries", replay.DefaultSnapshotEntries, "newest history entries the --snapshot keeps")
 	pos, err := parseArgs(fs, args)
 	if err != nil {

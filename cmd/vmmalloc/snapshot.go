@@ -1,20 +1,27 @@
 package main
 
 import (
+	"bytes"
 	"fmt"
 	"io"
 	"os"
+	"path/filepath"
+	"strings"
 
 	"github.com/vmmalloc/vmmalloc/allocator"
 	"github.com/vmmalloc/vmmalloc/benchmarks/replay"
 	"github.com/vmmalloc/vmmalloc/stats"
+	"github.com/vmmalloc/vmmalloc/stats/memviz"
 )
 
 // snapshotFile is an output file for a PyTorch memory snapshot, created
-// before the replay that writes it and removed if anything fails.
+// before the replay that writes it and removed if anything fails. A path
+// ending in .html gets a self-contained page that opens the viewer
+// (memviz.EmbedHTML); the pickle is then buffered until finish.
 type snapshotFile struct {
 	path string
 	f    *os.File
+	html *bytes.Buffer // the pickle, for an .html path; else nil
 }
 
 // createSnapshot creates path; entries is checked here so that a bad
@@ -27,7 +34,11 @@ func createSnapshot(path string, entries int) (*snapshotFile, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &snapshotFile{path: path, f: f}, nil
+	sf := &snapshotFile{path: path, f: f}
+	if strings.EqualFold(filepath.Ext(path), ".html") {
+		sf.html = new(bytes.Buffer)
+	}
+	return sf, nil
 }
 
 // finish closes the file, and removes it when err (the replay's error) or
@@ -35,6 +46,9 @@ func createSnapshot(path string, entries int) (*snapshotFile, error) {
 func (s *snapshotFile) finish(err error) error {
 	if s == nil {
 		return err
+	}
+	if err == nil && s.html != nil {
+		err = memviz.EmbedHTML(s.f, s.html.Bytes())
 	}
 	if cerr := s.f.Close(); err == nil {
 		err = cerr
@@ -51,6 +65,9 @@ func (s *snapshotFile) finish(err error) error {
 func (s *snapshotFile) writer() io.Writer {
 	if s == nil {
 		return nil
+	}
+	if s.html != nil {
+		return s.html
 	}
 	return s.f
 }

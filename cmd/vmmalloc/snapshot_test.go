@@ -1,13 +1,17 @@
 package main
 
 import (
+	"bytes"
+	"encoding/base64"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"github.com/vmmalloc/vmmalloc/benchmarks/trace"
+	"github.com/vmmalloc/vmmalloc/stats/memviz"
 )
 
 // importSnapshot reads a snapshot the CLI wrote with vmmalloc's importer.
@@ -39,6 +43,24 @@ func TestReplaySnapshot(t *testing.T) {
 	code, stdout, stderr = runCLI("replay", snap)
 	require.Equal(t, exitOK, code, stderr)
 	assert.Contains(t, stdout, "PyTorch recorded")
+}
+
+func TestReplaySnapshotHTML(t *testing.T) {
+	page := filepath.Join(t.TempDir(), "view.html")
+	code, _, stderr := runCLI("replay", "--snapshot", page)
+	require.Equal(t, exitOK, code, stderr)
+	data, err := os.ReadFile(page)
+	require.NoError(t, err)
+	html := string(data)
+	assert.True(t, strings.HasPrefix(html, "<!DOCTYPE html>"))
+	assert.Contains(t, html, memviz.ViewerURL)
+	i := strings.Index(html, `base64: "`) + len(`base64: "`)
+	j := strings.Index(html[i:], `"`)
+	raw, err := base64.StdEncoding.DecodeString(html[i : i+j])
+	require.NoError(t, err)
+	pt, err := trace.ImportPyTorchSnapshot(bytes.NewReader(raw), 0)
+	require.NoError(t, err)
+	assert.Positive(t, pt.Allocs)
 }
 
 func TestConvertToPyTorch(t *testing.T) {

@@ -2,6 +2,7 @@ package memviz_test
 
 import (
 	"bytes"
+	"encoding/base64"
 	"errors"
 	"fmt"
 	"math"
@@ -434,4 +435,33 @@ func FuzzSettingValues(f *testing.F) {
 			assert.Equal(t, strconv.FormatUint(u, 10), got["u"].(interface{ String() string }).String())
 		}
 	})
+}
+
+func TestWriteHTML(t *testing.T) {
+	s := memviz.Snapshot{Devices: []memviz.Device{fixture()}}
+	var page, raw bytes.Buffer
+	require.NoError(t, memviz.WriteHTML(&page, s))
+	require.NoError(t, memviz.Write(&raw, s))
+	html := page.String()
+	assert.Contains(t, html, `import {add_local_files} from "`+memviz.ViewerURL+`";`)
+	assert.Contains(t, html, `"Active Memory Timeline"`)
+	const key = `base64: "`
+	i := strings.Index(html, key)
+	require.Positive(t, i)
+	j := strings.Index(html[i+len(key):], `"`)
+	b64 := html[i+len(key) : i+len(key)+j]
+	assert.Zero(t, len(b64)%4)
+	assert.NotContains(t, b64, "=", "padded to a multiple of 3 bytes: no base64 padding")
+	data, err := base64.StdEncoding.DecodeString(b64)
+	require.NoError(t, err)
+	require.True(t, bytes.HasPrefix(data, raw.Bytes()))
+	assert.Equal(t, make([]byte, len(data)-raw.Len()), data[raw.Len():], "zero padding after STOP")
+	_, err = pickle.Decode(data)
+	require.NoError(t, err)
+
+	bad := fixture()
+	bad.Index = -1
+	page.Reset()
+	require.ErrorIs(t, memviz.WriteHTML(&page, memviz.Snapshot{Devices: []memviz.Device{bad}}), memviz.ErrInvalidSnapshot)
+	assert.Zero(t, page.Len())
 }
