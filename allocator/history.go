@@ -124,7 +124,8 @@ type HistoryRecord struct {
 	Dropped int64              // entries overwritten since recording began
 	// Stacks[id-1] holds the program counters of stack id, innermost
 	// first, as runtime.Callers returns them (runtime.CallersFrames
-	// resolves them).
+	// resolves them). The stacks are shared with the allocator, which never
+	// changes them; callers must not modify them either.
 	Stacks [][]uintptr
 }
 
@@ -154,7 +155,7 @@ type MemProfileRecord struct {
 	AllocObjects, FreeObjects int64
 	// Stack holds the program counters of the Malloc caller, innermost
 	// first; nil without HistoryOptions.Stacks, and for blocks allocated
-	// before recording began.
+	// before recording began. Shared with the allocator: do not modify.
 	Stack  []uintptr
 	Stream backend.Stream
 	Pool   stats.PoolKind
