@@ -16,7 +16,7 @@ shift || true
 if [ "$#" -gt 0 ]; then
 	targets=("$@")
 else
-	targets=(FuzzAllocator FuzzAllocatorConfig FuzzRealMemory FuzzParseConfig)
+	targets=(FuzzAllocator FuzzAllocatorConfig FuzzRealMemory FuzzParseConfig FuzzHistory)
 fi
 
 cd "$(dirname "$0")/.."
