@@ -201,20 +201,19 @@ func (h *history) count(k profKey) *profCount {
 	return c
 }
 
-// callerStack captures the stack above the allocator's public method and
-// returns its interned id, or 0. skip counts frames from callerStack's
-// caller's caller: 0 is the caller of the public method that called
-// callerStack's caller. mu held.
+// callerStack captures the stack of the caller of the public method
+// (Malloc or Free) whose hist* hook called it, and returns its interned id,
+// or 0 without stacks or when the table is full. mu held.
 //
 //go:noinline
-func (h *history) callerStack(skip int) uint32 {
+func (h *history) callerStack() uint32 {
 	if !h.stacks {
 		return 0
 	}
 	// Frames: runtime.Callers, callerStack, the hist* hook, the public
 	// method (Malloc or Free), then its caller.
 	clear(h.pcs[:])
-	n := runtime.Callers(4+skip, h.pcs[:])
+	n := runtime.Callers(4, h.pcs[:])
 	if n == 0 {
 		return 0
 	}
@@ -243,7 +242,7 @@ func (h *history) record(action stats.TraceAction, addr uintptr, size uint64, s 
 //go:noinline
 func (a *Allocator) histAlloc(b *arena.Block, size uint64) {
 	h := a.hist
-	id := h.callerStack(0)
+	id := h.callerStack()
 	if h.liveStack != nil && id != 0 {
 		h.liveStack[b.Addr] = id
 	}
@@ -269,7 +268,7 @@ func (a *Allocator) histFreeRequested(b *arena.Block) {
 	c := h.count(profKey{stack: allocID, stream: b.Stream, pool: a.pools[poolIdx(b)].kind})
 	c.frees++
 	c.freeBytes += int64(b.Size)
-	h.record(stats.TraceFreeRequested, b.Addr, b.Requested, b.Stream, h.callerStack(0))
+	h.record(stats.TraceFreeRequested, b.Addr, b.Requested, b.Stream, h.callerStack())
 	if b.Events == 0 {
 		h.record(stats.TraceFreeCompleted, b.Addr, b.Requested, b.Stream, 0)
 	}
