@@ -294,7 +294,7 @@ func (a *Allocator) histOOM(size uint64, s backend.Stream, err error) {
 	}
 	// As in PyTorch, an oom entry's address field holds the device's free
 	// bytes.
-	a.hist.record(stats.TraceOOM, uintptr(oom.Free), size, s, a.hist.callerStack(0))
+	a.hist.record(stats.TraceOOM, uintptr(oom.Free), size, s, a.hist.callerStack())
 }
 
 // histReserve records a change of reserved memory: a segment mapped or
