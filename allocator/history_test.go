@@ -324,3 +324,18 @@ func TestHistoryMatchesState(t *testing.T) {
 		})
 	}
 }
+
+func TestHistoryOOMStack(t *testing.T) {
+	a, _ := newAlloc(t, "", emulated.WithCapacity(64<<20))
+	require.NoError(t, a.RecordHistory(HistoryOptions{MaxEntries: 16, Stacks: true}))
+	_, err := a.Malloc(60<<20, 0)
+	require.NoError(t, err)
+	_, err = a.Malloc(60<<20, 0)
+	require.ErrorIs(t, err, ErrOutOfMemory)
+	h, _ := a.History()
+	last := h.Entries[len(h.Entries)-1]
+	require.Equal(t, stats.TraceOOM, last.Action)
+	require.NotZero(t, last.Stack)
+	assert.Equal(t, "github.com/vmmalloc/vmmalloc/allocator.TestHistoryOOMStack", firstFrame(t, h.Stacks[last.Stack-1]).Function)
+	assert.Equal(t, uint64(a.DefaultStream()), last.Stream)
+}
