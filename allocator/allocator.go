@@ -48,6 +48,7 @@ type Allocator struct {
 	st        stats.DeviceStats // mu
 	counters  segment.Counters  // driver-call figures shared by segments; mu
 	scratch   []*arena.Block    // reusable slice for release walks; mu
+	hist      *history          // memory history (history.go); nil when off; mu
 
 	zombies        []*zombie        // dropped segments still holding driver state; mu
 	scratchEvents  []pendingEvent   // reusable slice for insertEvents; mu
@@ -280,10 +281,16 @@ func (a *Allocator) Malloc(size uint64, stream backend.Stream) (uintptr, error) 
 	b := a.bestFit(ss, p, rounded)
 	if b == nil {
 		if b, err = a.allocSlow(ss, p, rounded, size); err != nil {
+			if a.hist != nil {
+				a.histOOM(size, ss.stream, err)
+			}
 			return 0, err
 		}
 	}
 	a.allocFound(ss, p, b, rounded, size)
+	if a.hist != nil {
+		a.histAlloc(b, size)
+	}
 	return b.Addr, nil
 }
 
@@ -377,6 +384,9 @@ func (a *Allocator) Free(ptr uintptr) error {
 			a.live.Put(ptr, b) // nothing changed
 			return err
 		}
+	}
+	if a.hist != nil {
+		a.histFreeRequested(b)
 	}
 	p := &a.pools[poolIdx(b)]
 	a.st.Allocation.Dec(p.kind, 1)

@@ -383,6 +383,10 @@ func (a *Allocator) checkDriver(in backend.Introspector) error {
 func (a *Allocator) Snapshot() stats.Snapshot {
 	a.mu.Lock()
 	defer a.mu.Unlock()
+	return a.snapshotLocked()
+}
+
+func (a *Allocator) snapshotLocked() stats.Snapshot {
 	var s stats.Snapshot
 	for _, sg := range a.segs {
 		si := stats.SegmentInfo{
@@ -397,6 +401,7 @@ func (a *Allocator) Snapshot() stats.Snapshot {
 				si.AllocatedSize += b.Size
 				si.ActiveSize += b.Size
 				si.RequestedSize += b.Requested
+				bi.Stack = a.blockStack(b)
 			case arena.PendingFree:
 				bi.State = stats.BlockActivePendingFree
 				si.ActiveSize += b.Size

@@ -107,6 +107,16 @@
 // unaligned address, outside every reservation, or in the unmapped part of
 // one. A config string that sets a key twice is refused.
 //
+// # Memory history
+//
+// RecordHistory (off by default) keeps a ring of alloc, free_requested,
+// free_completed, segment map/unmap/alloc/free, empty_cache and oom
+// entries, optionally with the Go call stack of each Malloc and Free
+// caller (history.go). MemorySnapshot pairs it with the segments for
+// PyTorch's memory viewer (package stats/memviz), and MemProfile feeds the
+// pprof profile of package allocator/devprof. When off, the cache-hit path
+// pays one nil check in Malloc and one in Free.
+//
 // # Concurrency
 //
 // One mutex guards all state of an Allocator; driver calls for growth and

@@ -137,6 +137,7 @@ func (a *Allocator) growClassic(ss *streamState, p *pool, rounded uint64) (*aren
 	a.addSeg(sg)
 	a.st.Segment.Add(p.kind, 1)
 	a.st.ReservedBytes.Add(p.kind, int64(s.MappedBytes()))
+	a.histReserve(true, s.Base(), int64(s.MappedBytes()), ss.stream)
 	if a.cfg.MaxSplitSize != 0 && s.Size() >= a.cfg.MaxSplitSize {
 		a.st.OversizeSegments.Add(1)
 	}
@@ -225,6 +226,7 @@ func (a *Allocator) growExpandable(ss *streamState, p *pool, rounded uint64) (*a
 	u.State = arena.Free
 	u.Stream = ss.stream
 	a.st.ReservedBytes.Add(p.kind, int64(mapLen))
+	a.histReserve(false, u.Addr, int64(mapLen), ss.stream)
 	b := u
 	if mergeable(b.Prev) {
 		prev := b.Prev
@@ -294,6 +296,7 @@ func (a *Allocator) adoptStrayMappings(ss *streamState, p *pool, sg *seg, u *are
 		}
 		piece.State, piece.Stream = arena.Free, ss.stream
 		a.st.ReservedBytes.Add(p.kind, int64(r.Len))
+		a.histReserve(false, piece.Addr, int64(r.Len), ss.stream)
 		a.coalesceInsert(p, ss.free[p.idx], piece)
 		if r.Off == lo0 {
 			return
@@ -313,6 +316,7 @@ func (a *Allocator) addSeg(sg *seg) {
 // adjusting statistics; mapped is the bytes it had mapped. mu held.
 func (a *Allocator) dropSeg(sg *seg, mapped uint64) {
 	p := sg.pool
+	a.histReserve(!sg.expandable, sg.r.Base, -int64(mapped), sg.r.Head.Stream)
 	for b := sg.r.Head; b != nil; {
 		next := b.Next
 		switch b.State {
@@ -372,6 +376,7 @@ func (a *Allocator) addZombie(s *segment.Segment, kind stats.PoolKind) {
 func (a *Allocator) recountZombie(z *zombie) {
 	now := z.s.MappedBytes()
 	a.st.ReservedBytes.Add(z.kind, int64(now)-int64(z.counted))
+	a.histReserve(true, z.s.Base(), int64(now)-int64(z.counted), 0)
 	z.counted = now
 }
 

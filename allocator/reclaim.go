@@ -149,6 +149,9 @@ func (a *Allocator) adoptRange(ss *streamState, p *pool, sg *seg, start *arena.B
 		if off+piece.Size > hi {
 			fl.Insert(arena.Split(&a.bpool, piece, hi-off))
 		}
+		if piece.Stream != ss.stream {
+			a.histHandOver(piece.Addr, piece.Size, piece.Stream, ss.stream)
+		}
 		piece.Stream = ss.stream
 		if first == nil {
 			first = piece

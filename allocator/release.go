@@ -98,6 +98,9 @@ func (a *Allocator) eventDone(ss *streamState) {
 	pe.b.Events--
 	if pe.b.Events == 0 {
 		a.pending--
+		if a.hist != nil {
+			a.histFreeCompleted(pe.b)
+		}
 		a.freeBlock(pe.b)
 	}
 }
@@ -297,6 +300,7 @@ func (a *Allocator) releaseBlock(ss *streamState, b *arena.Block, limit uint64) 
 	}
 	piece.State = arena.Unmapped
 	piece.Stream = 0
+	a.histReserve(false, piece.Addr, -int64(done), ss.stream)
 	a.st.ReservedBytes.Add(p.kind, -int64(done))
 	if prev := piece.Prev; prev != nil && prev.State == arena.Unmapped {
 		p.unmapped.Delete(prev)
@@ -355,6 +359,7 @@ func (a *Allocator) EmptyCache() error {
 	if a.closed {
 		return ErrClosed
 	}
+	a.histEmptyCache()
 	return a.releaseAll()
 }
 

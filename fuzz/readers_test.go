@@ -474,7 +474,7 @@ func FuzzPyTorchSnapshot(f *testing.F) {
 			}
 			return
 		}
-		if got := tr.Allocs + tr.Frees + tr.DuplicateAllocs; got != len(tr.Events) {
+		if got := tr.Allocs + tr.Frees + tr.DuplicateAllocs + tr.Releases; got != len(tr.Events) {
 			t.Fatalf("%d events, counts say %d", len(tr.Events), got)
 		}
 		s, err := trace.Summarize(tr.Reader())

@@ -20,11 +20,11 @@ shift || true
 if [ "$#" -gt 0 ]; then
 	targets=("$@")
 else
-	targets=(FuzzAllocator FuzzAllocatorConfig FuzzRealMemory FuzzParseConfig)
+	targets=(FuzzAllocator FuzzAllocatorConfig FuzzRealMemory FuzzParseConfig FuzzHistory)
 	# The trace readers (fuzz/readers_test.go): untrusted files.
 	targets+=(FuzzPickle FuzzPyTorchSnapshot FuzzRMMLog FuzzBinaryTrace FuzzTextTrace)
 	# Targets that live beside the code they fuzz.
-	targets+=(./benchmarks/pickle:FuzzDecode ./allocator/host:FuzzHostAllocator)
+	targets+=(./benchmarks/pickle:FuzzDecode ./allocator/host:FuzzHostAllocator ./stats/memviz:FuzzSettingValues)
 fi
 
 cd "$(dirname "$0")/.."

@@ -92,7 +92,18 @@ type Options struct {
 	// events, so this replays what the allocator alone would reserve
 	// without the program's (or PyTorch's out-of-memory) releases.
 	IgnoreReleases bool
+	// Snapshot, if set, receives a PyTorch memory snapshot of the replay
+	// (allocator.WriteSnapshot, which memory_viz opens) after the last
+	// event. The memory history is recorded from the first event, at most
+	// SnapshotEntries entries (DefaultSnapshotEntries when 0; older ones
+	// are dropped), without call stacks.
+	Snapshot        io.Writer
+	SnapshotEntries int
 }
+
+// DefaultSnapshotEntries is the history size Options.Snapshot records by
+// default.
+const DefaultSnapshotEntries = 1 << 20
 
 // Sample is the state of the replay after Event events.
 type Sample struct {
@@ -252,6 +263,17 @@ func newRunner(opts Options) (*runner, error) {
 	if err != nil {
 		_ = emu.Close()
 		return nil, fmt.Errorf("%w: %w", ErrInvalidOptions, err)
+	}
+	if opts.Snapshot != nil {
+		n := opts.SnapshotEntries
+		if n == 0 {
+			n = DefaultSnapshotEntries
+		}
+		if err := a.RecordHistory(allocator.HistoryOptions{MaxEntries: n}); err != nil {
+			_ = a.Close()
+			_ = emu.Close()
+			return nil, fmt.Errorf("%w: SnapshotEntries: %w", ErrInvalidOptions, err)
+		}
 	}
 	r := &runner{
 		opts:     opts,
@@ -482,6 +504,11 @@ func (r *runner) run(ctx context.Context, events trace.EventReader) (*Report, er
 	if r.opts.Check {
 		if err := r.a.Check(); err != nil {
 			return nil, fmt.Errorf("replay: after %d events: %w", n, err)
+		}
+	}
+	if r.opts.Snapshot != nil {
+		if err := r.a.WriteSnapshot(r.opts.Snapshot); err != nil {
+			return nil, fmt.Errorf("replay: writing the snapshot: %w", err)
 		}
 	}
 	r.finish(callsBefore, simBefore)

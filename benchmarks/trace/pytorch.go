@@ -114,7 +114,10 @@ const maxActionName = 64
 //     empty_cache or because cudaMalloc failed and PyTorch released its
 //     cache and retried (release_cached_blocks). Both free every free
 //     segment of every stream at once, hence one EmptyCache per run.
-//     Replays may ignore them (replay.Options.IgnoreReleases).
+//     Replays may ignore them (replay.Options.IgnoreReleases). A snapshot
+//     vmmalloc wrote (allocator_settings backend "vmmalloc") yields none:
+//     there segment unmaps are the allocator's own decisions, which a
+//     replay makes again.
 //   - oom: counted (the failed request is not replayed); snapshot: ignored;
 //     anything else: counted in UnknownActions, by its first 64 bytes
 //     (so that a long action shared by many entries is not hashed whole
@@ -255,7 +258,7 @@ func (t *PyTorchTrace) convert(entries []any) error {
 			return bad("no action")
 		}
 		releasing := action == "segment_free" || action == "segment_unmap"
-		startsRelease := releasing && !inRelease
+		startsRelease := releasing && !inRelease && !t.WrittenByVMMalloc()
 		inRelease = releasing
 		// Time: relative to the first entry; an entry without time_us keeps
 		// the previous time.
@@ -410,4 +413,11 @@ func (t *PyTorchTrace) convert(entries []any) error {
 	t.LiveAllocsEnd = len(live)
 	t.LiveBytesEnd = liveBytes
 	return nil
+}
+
+// WrittenByVMMalloc reports whether the snapshot was written by vmmalloc
+// (allocator.WriteSnapshot): its allocator_settings name backend "vmmalloc".
+func (t *PyTorchTrace) WrittenByVMMalloc() bool {
+	b, _ := t.Settings["backend"].(string)
+	return b == "vmmalloc"
 }

@@ -32,6 +32,8 @@ type replayFlags struct {
 	strict   bool
 	releases bool
 	backend  string
+	snapshot string // PyTorch memory snapshot output file
+	entries  int    // history entries the snapshot keeps
 }
 
 // jsonReport is the --json output: the report's fields at the top level,
@@ -72,6 +74,8 @@ func cmdReplay(args []string, stdout, stderr io.Writer) error {
 	fs.BoolVar(&f.strict, "strict", false, "fail when the trace frees unknown blocks or allocates blocks already live")
 	fs.BoolVar(&f.releases, "releases", true, "apply the cache releases the trace records (empty_cache events; a PyTorch snapshot's segment frees); --releases=false ignores them")
 	fs.StringVar(&f.backend, "backend", "", "`driver` to replay on: "+backendChoices+" (default: the config's backend key, else emulated)")
+	fs.StringVar(&f.snapshot, "snapshot", "", "write a PyTorch memory snapshot of the replay (for pytorch.org/memory_viz) to `file`; a .html file opens the viewer")
+	fs.IntVar(&f.entries, "snapshot-entries", replay.DefaultSnapshotEntries, "newest history entries the --snapshot keeps")
 	pos, err := parseArgs(fs, args)
 	if err != nil {
 		return err
@@ -88,6 +92,9 @@ func cmdReplay(args []string, stdout, stderr io.Writer) error {
 	}
 	if f.samples && !f.asJSON {
 		return usagef("--samples needs --json (the time series is part of the JSON report; --svg plots it)")
+	}
+	if f.snapshot != "" && f.compare {
+		return usagef("--snapshot records one replay; it cannot be combined with --compare")
 	}
 	cfg, given, err := cliConfig(f.config)
 	if err != nil {
@@ -160,9 +167,17 @@ func cmdReplay(args []string, stdout, stderr io.Writer) error {
 				return err
 			}
 		}
-		rep, err = replay.Run(in.reader(), opts)
+		var sf *snapshotFile
+		if f.snapshot != "" {
+			if sf, err = createSnapshot(f.snapshot, f.entries); err != nil {
+				return err
+			}
+		}
+		ropts := opts
+		ropts.Snapshot, ropts.SnapshotEntries = sf.writer(), f.entries
+		rep, err = replay.Run(in.reader(), ropts)
 		pb.done()
-		if err != nil {
+		if err = sf.finish(err); err != nil {
 			return err
 		}
 		if f.minCap {
