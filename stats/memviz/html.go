@@ -17,6 +17,9 @@ const ViewerURL = "https://cdn.jsdelivr.net/gh/pytorch/pytorch@main/torch/utils/
 // (so the browser needs network access). On a validation error nothing is
 // written.
 func WriteHTML(w io.Writer, s Snapshot) error {
+	if w == nil {
+		return ErrNilWriter
+	}
 	var pk bytes.Buffer
 	if err := Write(&pk, s); err != nil {
 		return err
@@ -27,6 +30,9 @@ func WriteHTML(w io.Writer, s Snapshot) error {
 // EmbedHTML writes the page of WriteHTML around a snapshot pickle already
 // written (by Write or allocator.WriteSnapshot). pickle is not modified.
 func EmbedHTML(w io.Writer, pickle []byte) error {
+	if w == nil {
+		return ErrNilWriter
+	}
 	pad := (3 - len(pickle)%3) % 3 // zero bytes after STOP: never read
 	data := make([]byte, len(pickle)+pad)
 	copy(data, pickle)

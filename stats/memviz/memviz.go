@@ -53,7 +53,13 @@ var (
 	// ErrUnsupportedValue: a setting's value is not nil, bool, int, int64,
 	// uint64, float64 or string.
 	ErrUnsupportedValue = errors.New("memviz: unsupported setting value")
+	// ErrNilWriter: Write, WriteHTML or EmbedHTML was given a nil writer.
+	ErrNilWriter = errors.New("memviz: nil writer")
 )
+
+// MaxDevices bounds device indices: the trace list has one entry per index
+// up to the largest, so an index is at most MaxDevices-1.
+const MaxDevices = 1 << 16
 
 // Frame is one frame of a call stack, as PyTorch records it.
 type Frame struct {
@@ -83,11 +89,14 @@ type Snapshot struct {
 // Write validates s and writes it to w as a PyTorch memory snapshot
 // pickle. On a validation error nothing is written.
 func Write(w io.Writer, s Snapshot) error {
+	if w == nil {
+		return ErrNilWriter
+	}
 	devs := slices.Clone(s.Devices)
 	slices.SortFunc(devs, func(a, b Device) int { return a.Index - b.Index })
 	for i, d := range devs {
-		if d.Index < 0 || (i > 0 && devs[i-1].Index == d.Index) {
-			return fmt.Errorf("%w: device index %d negative or repeated", ErrInvalidSnapshot, d.Index)
+		if d.Index < 0 || d.Index >= MaxDevices || (i > 0 && devs[i-1].Index == d.Index) {
+			return fmt.Errorf("%w: device index %d negative, repeated or not below %d", ErrInvalidSnapshot, d.Index, MaxDevices)
 		}
 		if err := validate(d); err != nil {
 			return err
@@ -173,6 +182,9 @@ func validate(d Device) error {
 		for _, b := range sg.Blocks {
 			if b.Address != addr || b.Size == 0 {
 				return bad("segment %#x: block %#x+%d does not start at %#x", sg.Address, b.Address, b.Size, addr)
+			}
+			if b.Size > sg.TotalSize-total || uint64(b.Address)+b.Size < uint64(b.Address) {
+				return bad("segment %#x: block %#x+%d runs past the segment's %d bytes or the address space", sg.Address, b.Address, b.Size, sg.TotalSize)
 			}
 			switch b.State {
 			case stats.BlockActiveAllocated, stats.BlockActivePendingFree, stats.BlockInactive, stats.BlockUnmapped:
