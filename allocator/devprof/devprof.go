@@ -23,6 +23,7 @@
 package devprof
 
 import (
+	"errors"
 	"fmt"
 	"io"
 	"math"
@@ -37,6 +38,9 @@ import (
 	"github.com/vmmalloc/vmmalloc/backend"
 	"github.com/vmmalloc/vmmalloc/stats"
 )
+
+// ErrNilWriter: Write was given a nil writer.
+var ErrNilWriter = errors.New("devprof: nil writer")
 
 // NoStack is the function name of the frame standing for a call stack
 // that was not recorded.
@@ -74,6 +78,9 @@ func Profile(allocs ...*allocator.Allocator) *profile.Profile {
 // Write writes the profile of allocs to w, gzip-compressed protobuf as
 // `go tool pprof` reads it.
 func Write(w io.Writer, allocs ...*allocator.Allocator) error {
+	if w == nil {
+		return ErrNilWriter
+	}
 	if err := Profile(allocs...).Write(w); err != nil {
 		return fmt.Errorf("devprof: write: %w", err)
 	}

@@ -54,5 +54,5 @@ func ExamplePublishExpvar() {
 	}
 	fmt.Println(metrics.PublishExpvar("vmmalloc_example", a))
 	// Output:
-	// metrics: expvar "vmmalloc_example" is already published
+	// metrics: expvar name already published: "vmmalloc_example"
 }

@@ -26,6 +26,12 @@ import (
 // device, so their samples would collide.
 var ErrDuplicateDevice = errors.New("metrics: two allocators for one device")
 
+// ErrNilAllocator: an exporter was given a nil allocator.
+var ErrNilAllocator = errors.New("metrics: nil allocator")
+
+// ErrPublished: PublishExpvar was given a name expvar already publishes.
+var ErrPublished = errors.New("metrics: expvar name already published")
+
 // Collector is a prometheus.Collector of the statistics of a fixed set of
 // allocators. Register it with prometheus.MustRegister or a Registry.
 type Collector struct {
@@ -64,7 +70,7 @@ func checkAllocs(allocs []*allocator.Allocator) error {
 	seen := map[int]bool{}
 	for i, a := range allocs {
 		if a == nil {
-			return fmt.Errorf("metrics: allocator %d is nil", i)
+			return fmt.Errorf("%w: allocator %d", ErrNilAllocator, i)
 		}
 		if seen[a.Device()] {
 			return fmt.Errorf("%w: device %d", ErrDuplicateDevice, a.Device())
@@ -136,7 +142,7 @@ func PublishExpvar(name string, allocs ...*allocator.Allocator) error {
 	publishMu.Lock()
 	defer publishMu.Unlock()
 	if expvar.Get(name) != nil {
-		return fmt.Errorf("metrics: expvar %q is already published", name)
+		return fmt.Errorf("%w: %q", ErrPublished, name)
 	}
 	expvar.Publish(name, v)
 	return nil
