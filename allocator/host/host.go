@@ -197,13 +197,13 @@ func (a *Allocator) Config() Config { return a.cfg }
 // from the driver, and if the driver is out of memory the cache is emptied
 // and the request retried.
 func (a *Allocator) Malloc(size uint64) (uintptr, error) {
-	if size == 0 || size > MaxSize {
-		return 0, fmt.Errorf("%w: %d bytes (want 1..%d)", ErrInvalidSize, size, uint64(MaxSize))
-	}
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	if a.closed {
+	if a.closed { // before the arguments: after Close every call is ErrClosed
 		return 0, ErrClosed
+	}
+	if size == 0 || size > MaxSize {
+		return 0, fmt.Errorf("%w: %d bytes (want 1..%d)", ErrInvalidSize, size, uint64(MaxSize))
 	}
 	if a.pending > 0 {
 		a.processEvents()

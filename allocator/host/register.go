@@ -20,6 +20,11 @@ import (
 //
 // The range stays registered until Unregister or Close.
 func (a *Allocator) Register(p uintptr, size uint64, flags backend.HostRegisterFlags) error {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.closed { // before the arguments: after Close every call is ErrClosed
+		return ErrClosed
+	}
 	switch {
 	case p == 0 || p%pageSize != 0:
 		return fmt.Errorf("%w: %#x", ErrMisaligned, p)
@@ -29,11 +34,6 @@ func (a *Allocator) Register(p uintptr, size uint64, flags backend.HostRegisterF
 		return fmt.Errorf("%w: %#x (want HostRegisterMapped or HostRegisterPinned)", ErrInvalidFlags, uint32(flags))
 	}
 	end := p + uintptr(size)
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	if a.closed {
-		return ErrClosed
-	}
 	if a.overlaps(p, end) {
 		return fmt.Errorf("%w: [%#x,%#x)", ErrOverlap, p, end)
 	}
