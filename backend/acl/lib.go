@@ -1,13 +1,13 @@
 package acl
 
 import (
-	"errors"
 	"fmt"
 	"os"
 	"runtime"
 	"strings"
 
 	"github.com/ebitengine/purego"
+	"github.com/vmmalloc/vmmalloc/backend"
 )
 
 // DefaultLibrary is the file name dlopen searches for (LD_LIBRARY_PATH, the
@@ -117,8 +117,9 @@ func (l *library) symbols() []struct {
 }
 
 // ErrLibrary is wrapped by the error Open returns when the library cannot
-// be loaded or lacks a symbol.
-var ErrLibrary = errors.New("acl: cannot load the ACL runtime")
+// be loaded or lacks a symbol. It wraps backend.ErrUnavailable, as
+// drivers.Open promises of a backend that cannot start.
+var ErrLibrary = fmt.Errorf("acl: cannot load the ACL runtime: %w", backend.ErrUnavailable)
 
 // load dlopens path and resolves every symbol, reporting all missing ones
 // in one error.
