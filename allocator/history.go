@@ -83,13 +83,13 @@ type profCount struct {
 // allocated before recording began (no stack). Bad options are an error
 // wrapping ErrInvalidHistory and change nothing.
 func (a *Allocator) RecordHistory(o HistoryOptions) error {
-	if o.MaxEntries < 0 || o.MaxEntries > stats.MaxHistoryEntries {
-		return fmt.Errorf("%w: MaxEntries %d, want 0..%d", ErrInvalidHistory, o.MaxEntries, stats.MaxHistoryEntries)
-	}
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	if a.closed {
+	if a.closed { // before the options, as every method checks
 		return ErrClosed
+	}
+	if o.MaxEntries < 0 || o.MaxEntries > stats.MaxHistoryEntries {
+		return fmt.Errorf("%w: MaxEntries %d, want 0..%d", ErrInvalidHistory, o.MaxEntries, stats.MaxHistoryEntries)
 	}
 	if o.MaxEntries == 0 {
 		a.hist = nil

@@ -1,0 +1,155 @@
+package allocator
+
+import (
+	"bytes"
+	"math"
+	"sync"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"github.com/vmmalloc/vmmalloc/backend"
+	"github.com/vmmalloc/vmmalloc/backend/emulated"
+	"github.com/vmmalloc/vmmalloc/stats/memviz"
+)
+
+// TestNewMethodsMisuse: the observability and stream-lifecycle methods
+// refuse bad input with a sentinel and change nothing.
+func TestNewMethodsMisuse(t *testing.T) {
+	a, e := newAlloc(t, "")
+	p, err := a.Malloc(1<<20, 0)
+	require.NoError(t, err)
+	require.NoError(t, a.RecordHistory(HistoryOptions{MaxEntries: 16, Stacks: true}))
+	hist, ok := a.History()
+	require.True(t, ok)
+	before, calls := a.Stats(), e.CallCounts()
+	for _, tc := range []struct {
+		name string
+		op   func() error
+		want error
+	}{
+		{"RecordHistory negative", func() error { return a.RecordHistory(HistoryOptions{MaxEntries: -1}) }, ErrInvalidHistory},
+		{"RecordHistory MinInt", func() error { return a.RecordHistory(HistoryOptions{MaxEntries: math.MinInt}) }, ErrInvalidHistory},
+		{"RecordHistory MaxInt", func() error { return a.RecordHistory(HistoryOptions{MaxEntries: math.MaxInt, Stacks: true}) }, ErrInvalidHistory},
+		{"WriteSnapshot nil writer", func() error { return a.WriteSnapshot(nil) }, memviz.ErrNilWriter},
+		{"ReleaseStream ^0", func() error { return a.ReleaseStream(backend.Stream(math.MaxUint64)) }, ErrInvalidStream},
+		{"ReleaseStream idle owner's id", func() error { return a.ReleaseStream(idleStream) }, ErrInvalidStream},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			require.ErrorIs(t, tc.op(), tc.want)
+			assert.Equal(t, before, a.Stats())
+			got, ok := a.History()
+			require.True(t, ok, "recording goes on")
+			assert.Equal(t, hist, got, "history changed")
+			require.NoError(t, a.Check())
+		})
+	}
+	assert.Equal(t, calls, e.CallCounts(), "bad input reached the driver")
+	require.NoError(t, a.Free(p))
+}
+
+// TestClosedBeforeHistoryOptions: after Close RecordHistory returns
+// ErrClosed whatever its options, as every other method does.
+func TestClosedBeforeHistoryOptions(t *testing.T) {
+	a, _ := newAlloc(t, "")
+	require.NoError(t, a.Close())
+	for _, o := range []HistoryOptions{{MaxEntries: -1}, {MaxEntries: math.MaxInt}, {MaxEntries: 0}, {MaxEntries: 10}} {
+		assert.ErrorIs(t, a.RecordHistory(o), ErrClosed, "%+v", o)
+	}
+	_, ok := a.History()
+	assert.False(t, ok)
+	_, ok = a.MemProfile()
+	assert.False(t, ok)
+	assert.Equal(t, uint64(2<<20), a.Granularity(), "a closed allocator still names its unit")
+	var buf bytes.Buffer
+	require.NoError(t, a.WriteSnapshot(&buf), "the final (empty) state can still be written")
+	assert.Positive(t, buf.Len())
+}
+
+// TestReleaseStreamDriverFaults: when the synchronize ReleaseStream needs
+// fails, the error comes back, the stream keeps its cache and can be
+// released later.
+func TestReleaseStreamDriverFaults(t *testing.T) {
+	for _, kind := range []error{backend.ErrUnavailable, backend.ErrInvalidArgument, backend.ErrNotPermitted} {
+		t.Run(kind.Error(), func(t *testing.T) {
+			a, e := newAlloc(t, "")
+			s, err := e.StreamCreate(0)
+			require.NoError(t, err)
+			p, err := a.Malloc(4<<20, s)
+			require.NoError(t, err)
+			require.NoError(t, a.Free(p)) // cached on s
+			before := a.Stats()
+			require.NoError(t, e.FailNth(backend.OpStreamSync, 1, kind))
+			require.ErrorIs(t, a.ReleaseStream(s), kind)
+			after := a.Stats()
+			assert.Equal(t, before.NumStreamSyncs+1, after.NumStreamSyncs, "the failed call is counted")
+			after.NumStreamSyncs = before.NumStreamSyncs
+			assert.Equal(t, before, after)
+			require.NoError(t, a.Check())
+			p2, err := a.Malloc(4<<20, s)
+			require.NoError(t, err)
+			assert.Equal(t, p, p2, "the stream's cache survived")
+			require.NoError(t, a.Free(p2))
+			require.NoError(t, a.ReleaseStream(s))
+			require.NoError(t, a.ReleaseStream(s), "releasing twice is a no-op")
+			require.NoError(t, e.StreamDestroy(s))
+			require.ErrorIs(t, a.ReleaseStream(s), ErrInvalidStream, "a destroyed stream")
+			mustCheck(t, a, e)
+		})
+	}
+}
+
+// TestObservabilityConcurrency: history, profile and snapshot readers run
+// against Malloc, Free, ReleaseStream and RecordHistory restarts (-race),
+// and the profile adds up to MemoryAllocated at the end.
+func TestObservabilityConcurrency(t *testing.T) {
+	a, e := newAlloc(t, "", emulated.WithCapacity(8*gib))
+	require.NoError(t, a.RecordHistory(HistoryOptions{MaxEntries: 256, Stacks: true}))
+	var wg sync.WaitGroup
+	for w := range 3 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			s, err := e.StreamCreate(0)
+			if !assert.NoError(t, err) {
+				return
+			}
+			for i := range 200 {
+				p, err := a.Malloc(uint64(512*(i+1+w)), s)
+				if !assert.NoError(t, err) {
+					return
+				}
+				assert.NoError(t, a.Free(p))
+				if i%50 == 49 {
+					assert.NoError(t, a.ReleaseStream(s))
+				}
+			}
+			assert.NoError(t, a.ReleaseStream(s))
+			assert.NoError(t, e.StreamDestroy(s))
+		}()
+	}
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		for i := range 50 {
+			_, _ = a.History()
+			_, _ = a.MemProfile()
+			assert.NoError(t, a.WriteSnapshot(&bytes.Buffer{}))
+			if i%10 == 9 {
+				assert.NoError(t, a.RecordHistory(HistoryOptions{MaxEntries: 64 + i, Stacks: i%20 == 9}))
+			}
+		}
+	}()
+	wg.Wait()
+	p, err := a.Malloc(3<<20, 0)
+	require.NoError(t, err)
+	recs, ok := a.MemProfile()
+	require.True(t, ok)
+	var inuse int64
+	for i := range recs {
+		inuse += recs[i].InUseBytes()
+	}
+	assert.Equal(t, int64(a.MemoryAllocated()), inuse)
+	require.NoError(t, a.Free(p))
+	mustCheck(t, a, e)
+}
