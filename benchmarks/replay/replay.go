@@ -435,6 +435,9 @@ func RunContext(ctx context.Context, events trace.EventReader, opts Options) (*R
 	if events == nil {
 		return nil, fmt.Errorf("%w: nil event reader", ErrInvalidOptions)
 	}
+	if err := ctx.Err(); err != nil {
+		return nil, fmt.Errorf("replay: not started: %w", context.Cause(ctx))
+	}
 	r, err := newRunner(opts)
 	if err != nil {
 		return nil, err

@@ -57,7 +57,8 @@ type SweepRun struct {
 // first error naming its cell, with no runs. Cancelling ctx does the same.
 //
 // Every policy config is parsed before anything is replayed: a bad one is
-// an ErrInvalidOptions naming the policy.
+// an ErrInvalidOptions naming the policy, as are two traces or two policies
+// of one name (tables and plots tell runs apart by name).
 func Sweep(ctx context.Context, traces []SweepTrace, policies []Policy, opts SweepOptions) ([]SweepRun, error) {
 	if len(traces) == 0 {
 		return nil, fmt.Errorf("%w: no traces", ErrInvalidOptions)
@@ -65,9 +66,19 @@ func Sweep(ctx context.Context, traces []SweepTrace, policies []Policy, opts Swe
 	if len(policies) == 0 {
 		return nil, fmt.Errorf("%w: no policies", ErrInvalidOptions)
 	}
+	names := make(map[string]bool, len(traces))
+	for _, tr := range traces {
+		if names[tr.Name] {
+			return nil, fmt.Errorf("%w: trace %q given twice (its rows and plot points would be merged)", ErrInvalidOptions, tr.Name)
+		}
+		names[tr.Name] = true
+	}
 	cfgs, err := parsePolicies(policies)
 	if err != nil {
 		return nil, err
+	}
+	if err := ctx.Err(); err != nil {
+		return nil, fmt.Errorf("replay: sweep not started: %w", context.Cause(ctx))
 	}
 	limit := opts.Parallel
 	if limit <= 0 {
@@ -143,7 +154,12 @@ func runCell(ctx context.Context, events []trace.Event, o Options) (*Report, err
 // parsePolicies parses every policy's config, naming the first bad one.
 func parsePolicies(policies []Policy) ([]allocator.Config, error) {
 	cfgs := make([]allocator.Config, len(policies))
+	seen := make(map[string]bool, len(policies))
 	for i, p := range policies {
+		if seen[p.Name] {
+			return nil, fmt.Errorf("%w: policy %q given twice (its rows and plot points would be merged)", ErrInvalidOptions, p.Name)
+		}
+		seen[p.Name] = true
 		cfg, err := allocator.ParseConfig(p.Config)
 		if err != nil {
 			return nil, fmt.Errorf("%w: policy %q: %w", ErrInvalidOptions, p.Name, err)
