@@ -358,6 +358,11 @@ func (d *Driver) ReserveAddress(size uint64) (uintptr, error) {
 	if size == 0 {
 		return 0, invalid(op, "R4", "size must not be 0")
 	}
+	if size > maxReserve {
+		// The runtime rounds sizes up to its granularity; a size this large
+		// would wrap (the test double accepted 2^64-1).
+		return 0, invalid(op, "R4", "size %d exceeds the %d-byte user address space", size, uint64(maxReserve))
+	}
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	if d.closed {
@@ -370,6 +375,10 @@ func (d *Driver) ReserveAddress(size uint64) (uintptr, error) {
 	d.resv[va] = size
 	return va, nil
 }
+
+// maxReserve is the largest reservation ReserveAddress passes to the
+// runtime: the 256 TiB (2^48 bytes) of a 48-bit user address space.
+const maxReserve = 1 << 48
 
 // ReleaseAddress releases a whole reservation. aclrtReleaseMemAddress takes
 // no size, so the binding checks it.

@@ -79,8 +79,8 @@ func (d *Driver) HostRegister(p uintptr, size uint64, flags backend.HostRegister
 	if err != nil {
 		return err
 	}
-	if p%4096 != 0 || size == 0 {
-		return invalid(op, "R19", "range %#x+%d must start 4 KiB aligned and not be empty", p, size)
+	if p%4096 != 0 || size == 0 || uint64(p)+size < uint64(p) {
+		return invalid(op, "R19", "range %#x+%d must start 4 KiB aligned, not be empty and not wrap the address space", p, size)
 	}
 	d.mu.Lock()
 	defer d.mu.Unlock()

@@ -103,6 +103,8 @@ func (d *Driver) HostRegister(p uintptr, size uint64, flags backend.HostRegister
 		return invalid(op, "R19", "%#x is not 4 KiB-aligned", p)
 	case size == 0:
 		return invalid(op, "R19", "size 0")
+	case uint64(p)+size < uint64(p):
+		return invalid(op, "R19", "range %#x+%d wraps the address space", p, size)
 	case !ok:
 		return invalid(op, "R19", "unknown flags %#x", uint32(flags))
 	}
