@@ -1,5 +1,3 @@
-
-
 package acl_test
 
 import (
