@@ -153,3 +153,63 @@ func TestObservabilityConcurrency(t *testing.T) {
 	require.NoError(t, a.Free(p))
 	mustCheck(t, a, e)
 }
+
+// TestLifecycleUnderEveryFault: with one driver primitive failing on its
+// next call, each stream-lifecycle and cache method either succeeds or
+// returns an error wrapping the injected kind; either way the allocator's
+// invariants hold, the live block keeps its address, and once the fault is
+// spent the whole program runs to an empty allocator.
+func TestLifecycleUnderEveryFault(t *testing.T) {
+	ops := []backend.Op{backend.OpMap, backend.OpUnmap, backend.OpCreate, backend.OpFree, backend.OpSetAccess,
+		backend.OpStreamSync, backend.OpEventCreate, backend.OpEventDestroy, backend.OpEventRecord, backend.OpEventQuery,
+		backend.OpEventSync, backend.OpDeviceSync, backend.OpReserve, backend.OpRelease, backend.OpMemGetInfo}
+	steps := []struct {
+		name string
+		run  func(a *Allocator, s backend.Stream) error
+	}{
+		{"ReleaseStream", func(a *Allocator, s backend.Stream) error { return a.ReleaseStream(s) }},
+		{"Synchronize", func(a *Allocator, s backend.Stream) error { return a.Synchronize(s) }},
+		{"EmptyCache", func(a *Allocator, _ backend.Stream) error { return a.EmptyCache() }},
+		{"Malloc", func(a *Allocator, s backend.Stream) error {
+			p, err := a.Malloc(40<<20, s)
+			if err != nil {
+				return err
+			}
+			return a.Free(p)
+		}},
+	}
+	for _, op := range ops {
+		for _, st := range steps {
+			t.Run(op.String()+"/"+st.name, func(t *testing.T) {
+				a, e := newAlloc(t, "release_threshold_mb:0")
+				s, err := e.StreamCreate(0)
+				require.NoError(t, err)
+				other, err := e.StreamCreate(0)
+				require.NoError(t, err)
+				keep, err := a.Malloc(3<<20, s)
+				require.NoError(t, err)
+				for range 3 { // a cache on s, a block used by other pending free
+					p, err := a.Malloc(6<<20, s)
+					require.NoError(t, err)
+					require.NoError(t, a.RecordStream(p, other))
+					require.NoError(t, a.Free(p))
+				}
+				require.NoError(t, e.FailNth(op, 1, backend.ErrUnavailable))
+				err = st.run(a, s)
+				if err != nil {
+					assert.ErrorIs(t, err, backend.ErrUnavailable)
+				}
+				require.NoError(t, a.Check())
+				e.ClearFaults() // the fault may not have been reached
+				require.NoError(t, a.Free(keep))
+				require.NoError(t, a.ReleaseStream(s))
+				require.NoError(t, a.ReleaseStream(other))
+				require.NoError(t, a.EmptyCache())
+				assert.Zero(t, a.MemoryAllocated())
+				mustCheck(t, a, e)
+				require.NoError(t, e.StreamDestroy(s))
+				require.NoError(t, e.StreamDestroy(other))
+			})
+		}
+	}
+}
