@@ -2,6 +2,7 @@ package allocator
 
 import (
 	"bytes"
+	"errors"
 	"math"
 	"sync"
 	"testing"
@@ -212,4 +213,95 @@ func TestLifecycleUnderEveryFault(t *testing.T) {
 			})
 		}
 	}
+}
+
+// TestConcurrentRandomFaults: four goroutines allocate, record, free,
+// synchronize and release their streams while every primitive fails at
+// random (-race). Every error wraps a sentinel; afterwards, with the faults
+// cleared, everything frees and Check holds.
+func TestConcurrentRandomFaults(t *testing.T) {
+	a, e := newAlloc(t, "release_threshold_mb:0,garbage_collection_threshold:0.5,per_process_memory_fraction:0.5", emulated.WithCapacity(2*gib))
+	for op := backend.OpGranularity; op <= backend.OpDeviceSync; op++ {
+		if op == backend.OpStreamCreate || op == backend.OpStreamDestroy || op == backend.OpStreamSync {
+			continue // the test's own stream handling
+		}
+		require.NoError(t, e.FailRandom(op, 0.05, uint64(op)+1, backend.ErrUnavailable))
+	}
+	sentinels := []error{backend.ErrUnavailable, ErrOutOfMemory, ErrInvalidStream}
+	var wg sync.WaitGroup
+	for w := range 4 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			s, err := e.StreamCreate(0)
+			if !assert.NoError(t, err) {
+				return
+			}
+			var live []uintptr
+			for i := range 300 {
+				size := uint64(1+(i*7919+w*104729)%(64<<20)) >> (i % 5 * 3)
+				p, err := a.Malloc(size+1, s)
+				if err == nil {
+					live = append(live, p)
+				} else {
+					assert.True(t, wrapsOneOf(err, sentinels), "Malloc: %v", err)
+				}
+				if len(live) > 8 || (i%3 == 0 && len(live) > 0) {
+					p := live[0]
+					if i%2 == 0 {
+						if err := a.RecordStream(p, a.DefaultStream()); err != nil {
+							assert.True(t, wrapsOneOf(err, sentinels), "RecordStream: %v", err)
+						}
+					}
+					if err := a.Free(p); err != nil {
+						assert.True(t, wrapsOneOf(err, sentinels), "Free: %v", err)
+						continue // still live: try again later
+					}
+					live = live[1:]
+				}
+				if i%37 == 0 {
+					if err := a.ReleaseStream(s); err != nil {
+						assert.True(t, wrapsOneOf(err, sentinels), "ReleaseStream: %v", err)
+					}
+				}
+				if i%53 == 0 {
+					if err := a.EmptyCache(); err != nil {
+						assert.True(t, wrapsOneOf(err, sentinels), "EmptyCache: %v", err)
+					}
+				}
+			}
+			for len(live) > 0 {
+				if err := a.Free(live[0]); err != nil {
+					assert.True(t, wrapsOneOf(err, sentinels), "Free: %v", err)
+					e.ClearFaults()
+					continue
+				}
+				live = live[1:]
+			}
+			for a.ReleaseStream(s) != nil {
+				e.ClearFaults()
+			}
+			assert.NoError(t, e.StreamDestroy(s))
+		}()
+	}
+	wg.Wait()
+	var failed int64
+	for op := backend.OpGranularity; op <= backend.OpDeviceSync; op++ {
+		failed += e.Failures(op)
+	}
+	assert.Greater(t, failed, int64(10), "faults were injected")
+	e.ClearFaults()
+	require.NoError(t, a.Synchronize(0))
+	require.NoError(t, a.EmptyCache())
+	assert.Zero(t, a.MemoryAllocated())
+	mustCheck(t, a, e)
+}
+
+func wrapsOneOf(err error, kinds []error) bool {
+	for _, k := range kinds {
+		if errors.Is(err, k) {
+			return true
+		}
+	}
+	return false
 }
