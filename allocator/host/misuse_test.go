@@ -1,7 +1,10 @@
 package host
 
 import (
+	"errors"
 	"math"
+	"math/rand/v2"
+	"sync"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -86,4 +89,81 @@ func devPtr(a *Allocator) error {
 	a.mu.Unlock()
 	_, err := a.DevicePointer(p + 100)
 	return err
+}
+
+// TestConcurrentRandomFaults: eight goroutines allocate, record streams,
+// ask for device pointers, free and empty the cache while every host and
+// event primitive fails at random (-race). Each error wraps the injected
+// kind or ErrOutOfMemory; a failed Free leaves the block allocated and is
+// retried; at the end, faults cleared, everything frees and Check holds.
+func TestConcurrentRandomFaults(t *testing.T) {
+	a, e := newHost(t, "")
+	var streams []backend.Stream
+	for range 3 {
+		s, err := e.StreamCreate(0)
+		require.NoError(t, err)
+		streams = append(streams, s)
+	}
+	for i, op := range []backend.Op{backend.OpMallocHost, backend.OpFreeHost, backend.OpHostRegister, backend.OpHostUnregister,
+		backend.OpHostDevicePointer, backend.OpEventCreate, backend.OpEventDestroy, backend.OpEventRecord, backend.OpEventQuery,
+		backend.OpEventSync, backend.OpStreamSync, backend.OpDeviceSync} {
+		require.NoError(t, e.FailRandom(op, 0.05, uint64(i)+1, backend.ErrUnavailable))
+	}
+	ok := func(err error) bool {
+		return err == nil || errors.Is(err, backend.ErrUnavailable) || errors.Is(err, ErrOutOfMemory)
+	}
+	var wg sync.WaitGroup
+	for g := range 8 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			r := rand.New(rand.NewPCG(uint64(g), 11))
+			var live []uintptr
+			for range 300 {
+				if len(live) > 0 && r.IntN(2) == 0 {
+					j := r.IntN(len(live))
+					p := live[j]
+					if r.IntN(2) == 0 {
+						assert.True(t, ok(a.RecordStream(p, streams[r.IntN(len(streams))])))
+					}
+					if r.IntN(4) == 0 {
+						_, err := a.DevicePointer(p + 1)
+						assert.True(t, ok(err), "DevicePointer: %v", err)
+					}
+					if err := a.Free(p); err != nil {
+						assert.True(t, ok(err), "Free: %v", err)
+						continue
+					}
+					live = append(live[:j], live[j+1:]...)
+					continue
+				}
+				p, err := a.Malloc(1 + r.Uint64N(128*kib))
+				if err != nil {
+					assert.True(t, ok(err), "Malloc: %v", err)
+					continue
+				}
+				live = append(live, p)
+				if r.IntN(40) == 0 {
+					assert.True(t, ok(a.EmptyCache()))
+				}
+			}
+			for len(live) > 0 {
+				if err := a.Free(live[0]); err != nil {
+					assert.True(t, ok(err), "Free: %v", err)
+					continue
+				}
+				live = live[1:]
+			}
+		}()
+	}
+	wg.Wait()
+	var failed int64
+	for op := backend.OpGranularity; op <= backend.OpDeviceSync; op++ {
+		failed += e.Failures(op)
+	}
+	assert.Greater(t, failed, int64(10), "faults were injected")
+	e.ClearFaults()
+	require.NoError(t, a.EmptyCache())
+	mustCheck(t, a, e)
+	assert.Zero(t, a.Stats().Allocation.Current)
 }
