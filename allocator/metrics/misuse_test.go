@@ -62,3 +62,47 @@ func TestMisuse(t *testing.T) {
 	}
 	assert.Equal(t, 3, n, "all, large_pool, small_pool")
 }
+
+// TestScrapeDuringUse: scrapes and expvar reads run against Malloc, Free
+// and Close (-race), and the final scrape reports the closed allocator's
+// zero allocated bytes.
+func TestScrapeDuringUse(t *testing.T) {
+	drv, err := emulated.New()
+	require.NoError(t, err)
+	defer drv.Close()
+	a, err := allocator.New(drv, allocator.DefaultConfig())
+	require.NoError(t, err)
+	c, err := metrics.NewCollector(a)
+	require.NoError(t, err)
+	v, err := metrics.Expvar(a)
+	require.NoError(t, err)
+	reg := prometheus.NewRegistry()
+	require.NoError(t, reg.Register(c))
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for i := range 200 {
+			p, err := a.Malloc(uint64(i+1)<<12, 0)
+			if !assert.NoError(t, err) {
+				return
+			}
+			assert.NoError(t, a.Free(p))
+		}
+		assert.NoError(t, a.Close())
+	}()
+	for range 50 {
+		_, err := reg.Gather()
+		require.NoError(t, err)
+		assert.NotEmpty(t, v.String())
+	}
+	<-done
+	fams, err := reg.Gather()
+	require.NoError(t, err)
+	for _, f := range fams {
+		if f.GetName() == "vmmalloc_allocated_bytes_current" {
+			for _, m := range f.GetMetric() {
+				assert.Zero(t, m.GetGauge().GetValue())
+			}
+		}
+	}
+}

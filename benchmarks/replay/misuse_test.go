@@ -139,3 +139,15 @@ func TestSweepMisuse(t *testing.T) {
 		})
 	}
 }
+
+type brokenWriter struct{}
+
+func (brokenWriter) Write([]byte) (int, error) { return 0, errors.New("disk full") }
+
+// TestRunSnapshotWriteFails: a snapshot writer that fails fails the replay
+// with its error (not a silent, truncated snapshot).
+func TestRunSnapshotWriteFails(t *testing.T) {
+	rep, err := replay.Run(&sliceReader{ev: small()}, replay.Options{Snapshot: brokenWriter{}})
+	require.ErrorContains(t, err, "disk full")
+	assert.Nil(t, rep)
+}
