@@ -1,7 +1,12 @@
 package replay_test
 
 import (
+	"bytes"
 	"context"
+	"fmt"
+	"math/rand/v2"
+	"os"
+	"path/filepath"
 	"errors"
 	"io"
 	"math"
@@ -150,4 +155,57 @@ func TestRunSnapshotWriteFails(t *testing.T) {
 	rep, err := replay.Run(&sliceReader{ev: small()}, replay.Options{Snapshot: brokenWriter{}})
 	require.ErrorContains(t, err, "disk full")
 	assert.Nil(t, rep)
+}
+
+// TestDamagedRealTrace: a real PyTorch snapshot cut short or with bytes
+// flipped either fails to import with an error, or imports and replays
+// (with the invariant check) without a panic. Skipped without the traces.
+func TestDamagedRealTrace(t *testing.T) {
+	data, err := os.ReadFile(filepath.Join(sharedTraces(), "tts_inference_server.pickle"))
+	if err != nil {
+		t.Skipf("shared traces unavailable: %v", err)
+	}
+	rng := rand.New(rand.NewPCG(7, 7))
+	for i := range 48 {
+		d := append([]byte(nil), data...)
+		var name string
+		if i%2 == 0 {
+			n := rng.IntN(len(d))
+			d, name = d[:n], fmt.Sprintf("cut at %d", n)
+		} else {
+			at := rng.IntN(len(d))
+			d[at] ^= byte(1 + rng.IntN(255))
+			name = fmt.Sprintf("byte %d flipped", at)
+		}
+		t.Run(name, func(t *testing.T) {
+			var tr *trace.PyTorchTrace
+			require.NotPanics(t, func() { tr, err = trace.ImportPyTorchSnapshot(bytes.NewReader(d), 0) })
+			if err != nil {
+				return
+			}
+			require.NotPanics(t, func() {
+				_, err = replay.Run(tr.Reader(), replay.Options{Check: true, Capacity: 1 << 30})
+			})
+			if err != nil {
+				assert.ErrorIs(t, err, replay.ErrInvalidEvent)
+			}
+		})
+	}
+}
+
+// sharedTraces finds the real traces: $VMMALLOC_TRACES, else a
+// shared/traces beside one of the directories above this one, else the
+// workplace's /work/shared/traces.
+func sharedTraces() string {
+	if d := os.Getenv("VMMALLOC_TRACES"); d != "" {
+		return d
+	}
+	if wd, err := os.Getwd(); err == nil {
+		for d := wd; filepath.Dir(d) != d; d = filepath.Dir(d) {
+			if fi, err := os.Stat(filepath.Join(d, "shared", "traces")); err == nil && fi.IsDir() {
+				return filepath.Join(d, "shared", "traces")
+			}
+		}
+	}
+	return "/work/shared/traces"
 }
