@@ -65,9 +65,11 @@ func ConfigFromEnv() (Config, error) { return ParseConfig(os.Getenv(EnvVar)) }
 
 // ParseConfig parses comma-separated key:value pairs, the form of
 // VMMALLOC_CONF and PYTORCH_CUDA_ALLOC_CONF, over DefaultConfig. An unknown
-// key or a bad value is an error wrapping ErrInvalidConfig that names it.
+// key, a bad value or a key set twice is an error wrapping ErrInvalidConfig
+// that names it.
 func ParseConfig(s string) (Config, error) {
 	c := DefaultConfig()
+	seen := make(map[string]bool)
 	for _, kv := range strings.Split(s, ",") {
 		kv = strings.TrimSpace(kv)
 		if kv == "" {
@@ -78,6 +80,12 @@ func ParseConfig(s string) (Config, error) {
 		if !ok || v == "" {
 			return Config{}, fmt.Errorf("%w: %q has no value (want key:value)", ErrInvalidConfig, k)
 		}
+		if seen[k] {
+			// As allocator.ParseConfig: a key set twice is almost always two
+			// configurations pasted together.
+			return Config{}, fmt.Errorf("%w: %s is set more than once", ErrInvalidConfig, k)
+		}
+		seen[k] = true
 		if err := c.set(k, v); err != nil {
 			return Config{}, err
 		}

@@ -167,3 +167,32 @@ func TestConcurrentRandomFaults(t *testing.T) {
 	mustCheck(t, a, e)
 	assert.Zero(t, a.Stats().Allocation.Current)
 }
+
+// TestParseConfigMisuse: bad configuration strings are refused naming the
+// key, as the device allocator's are; a key set twice included.
+func TestParseConfigMisuse(t *testing.T) {
+	for _, tc := range []struct {
+		in, want string
+	}{
+		{"pinned_use_host_register:True,pinned_use_host_register:False", "more than once"},
+		{"pinned_roundup_power2_divisions:2, pinned_roundup_power2_divisions :2", "more than once"},
+		{"pinned_use_host_register", "no value"},
+		{"pinned_use_host_register:", "no value"},
+		{":True", "unknown key"},
+		{"pinned_use_host_register:maybe", "pinned_use_host_register"},
+		{"pinned_roundup_power2_divisions:3", "pinned_roundup_power2_divisions"},
+		{"pinned_roundup_power2_divisions:-1", "pinned_roundup_power2_divisions"},
+		{"pinned_roundup_power2_divisions:99999999999999999999", "pinned_roundup_power2_divisions"},
+		{"expandable_segments:True", "expandable_segments"},
+	} {
+		t.Run(tc.in, func(t *testing.T) {
+			c, err := ParseConfig(tc.in)
+			require.ErrorIs(t, err, ErrInvalidConfig)
+			assert.Contains(t, err.Error(), tc.want)
+			assert.Equal(t, Config{}, c)
+		})
+	}
+	c, err := ParseConfig(" , pinned_use_host_register:True,,")
+	require.NoError(t, err)
+	assert.True(t, c.UseHostRegister)
+}
