@@ -396,3 +396,31 @@ func TestStreamIDReusedAfterVanishing(t *testing.T) {
 	require.NoError(t, a.ReleaseStream(s2))
 	require.NoError(t, drv.StreamDestroy(s2))
 }
+
+// TestForeignStreams: streams of another device, or never created by this
+// driver, are refused by every method that takes a stream, changing
+// nothing.
+func TestForeignStreams(t *testing.T) {
+	a, e := newAlloc(t, "", emulated.WithDevices(2))
+	dev1, err := e.StreamCreate(1)
+	require.NoError(t, err)
+	p, err := a.Malloc(1<<20, 0)
+	require.NoError(t, err)
+	before, calls := a.Stats(), e.CallCounts()
+	for _, s := range []backend.Stream{dev1, dev1 + 1000, backend.Stream(math.MaxUint64 - 1)} {
+		for name, op := range map[string]func() error{
+			"Malloc":        func() error { _, err := a.Malloc(1, s); return err },
+			"RecordStream":  func() error { return a.RecordStream(p, s) },
+			"Synchronize":   func() error { return a.Synchronize(s) },
+			"ReleaseStream": func() error { return a.ReleaseStream(s) },
+		} {
+			require.ErrorIs(t, op(), ErrInvalidStream, "%s(%d)", name, s)
+		}
+	}
+	assert.Equal(t, before, a.Stats())
+	c := e.CallCounts()
+	assert.Equal(t, calls[backend.OpMap], c[backend.OpMap], "nothing mapped")
+	require.NoError(t, a.Free(p))
+	require.NoError(t, e.StreamDestroy(dev1))
+	mustCheck(t, a, e)
+}
