@@ -361,7 +361,9 @@ func (r *reusingIDs) StreamSynchronize(s backend.Stream) error {
 	return r.Driver.StreamSynchronize(r.emu(s))
 }
 
-func (r *reusingIDs) StreamDevice(s backend.Stream) (int, error) { return r.Driver.StreamDevice(r.emu(s)) }
+func (r *reusingIDs) StreamDevice(s backend.Stream) (int, error) {
+	return r.Driver.StreamDevice(r.emu(s))
+}
 
 func (r *reusingIDs) EventRecord(ev backend.Event, s backend.Stream) error {
 	return r.Driver.EventRecord(ev, r.emu(s))
