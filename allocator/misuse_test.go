@@ -453,3 +453,51 @@ func TestHugeDevice(t *testing.T) {
 		})
 	}
 }
+
+// TestCloseDuringUse: Close races Malloc, Free, ReleaseStream, Synchronize
+// and the history readers (-race). Every call returns nil or ErrClosed, and
+// Close leaves the driver holding nothing (newAlloc's cleanup checks).
+func TestCloseDuringUse(t *testing.T) {
+	for round := range 5 {
+		t.Run(fmt.Sprint(round), func(t *testing.T) {
+			a, e := newAlloc(t, "")
+			require.NoError(t, a.RecordHistory(HistoryOptions{MaxEntries: 100, Stacks: round%2 == 0}))
+			okOrClosed := func(err error) bool { return err == nil || errors.Is(err, ErrClosed) }
+			var wg sync.WaitGroup
+			streams := make([]backend.Stream, 3)
+			for w := range streams {
+				s, err := e.StreamCreate(0)
+				require.NoError(t, err)
+				streams[w] = s
+			}
+			for w, s := range streams {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					for i := range 200 {
+						p, err := a.Malloc(uint64(1+i)<<14, s)
+						if !assert.True(t, okOrClosed(err), "Malloc: %v", err) || err != nil {
+							return
+						}
+						assert.True(t, okOrClosed(a.RecordStream(p, streams[(w+1)%len(streams)])))
+						assert.True(t, okOrClosed(a.Free(p)))
+						if i%20 == 0 {
+							assert.True(t, okOrClosed(a.ReleaseStream(s)))
+							assert.True(t, okOrClosed(a.Synchronize(s)))
+							_, _ = a.History()
+							assert.True(t, okOrClosed(a.WriteSnapshot(&bytes.Buffer{})))
+						}
+					}
+				}()
+			}
+			for range round * 20 {
+				_ = a.MemoryReserved()
+			}
+			require.NoError(t, a.Close())
+			wg.Wait()
+			for _, s := range streams {
+				require.NoError(t, e.StreamDestroy(s))
+			}
+		})
+	}
+}
