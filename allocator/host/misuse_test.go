@@ -196,3 +196,41 @@ func TestParseConfigMisuse(t *testing.T) {
 	require.NoError(t, err)
 	assert.True(t, c.UseHostRegister)
 }
+
+// TestCloseDuringUse: Close races Malloc, RecordStream, DevicePointer and
+// Free (-race); every call returns nil or ErrClosed, and the driver holds
+// nothing afterwards.
+func TestCloseDuringUse(t *testing.T) {
+	for round := range 4 {
+		a, e := newHost(t, "")
+		s, err := e.StreamCreate(0)
+		require.NoError(t, err)
+		okOrClosed := func(err error) bool { return err == nil || errors.Is(err, ErrClosed) }
+		var wg sync.WaitGroup
+		for range 3 {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				for i := range 200 {
+					p, err := a.Malloc(uint64(1+i) << 10)
+					if !assert.True(t, okOrClosed(err), "Malloc: %v", err) || err != nil {
+						return
+					}
+					assert.True(t, okOrClosed(a.RecordStream(p, s)))
+					if i%7 == 0 {
+						_, err := a.DevicePointer(p)
+						assert.True(t, okOrClosed(err), "DevicePointer: %v", err)
+					}
+					assert.True(t, okOrClosed(a.Free(p)))
+				}
+			}()
+		}
+		for range round * 50 {
+			_ = a.Stats()
+		}
+		require.NoError(t, a.Close())
+		wg.Wait()
+		assertNothingHeld(t, e)
+		require.NoError(t, e.StreamDestroy(s))
+	}
+}
