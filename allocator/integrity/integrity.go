@@ -93,6 +93,9 @@ type block struct {
 // backend.Copier, or its copies are not supported in its configuration.
 func Run(t testing.TB, d backend.Driver, o Options) Result {
 	t.Helper()
+	if o.Ops < 0 || o.Workers < 0 || o.MaxLive < 0 || o.VerifyEvery < 0 {
+		t.Fatalf("integrity: negative Options field in %+v (a run that does nothing cannot fail)", o)
+	}
 	o.defaults()
 	c, ok := d.(backend.Copier)
 	if !ok {
@@ -102,8 +105,11 @@ func Run(t testing.TB, d backend.Driver, o Options) Result {
 	require.NoError(t, err)
 	a, err := allocator.New(d, cfg)
 	require.NoError(t, err)
+	// However the run ends (a failed require stops this goroutine), the
+	// allocator gives back what it holds, so that later tests on the same
+	// driver start clean. Close after a successful Close is ErrClosed.
+	defer func() { _ = a.Close() }()
 	if err := c.CopyHtoD(0, nil, a.DefaultStream()); err != nil {
-		_ = a.Close()
 		t.Skipf("integrity: copies unsupported: %v", err)
 	}
 
@@ -113,13 +119,14 @@ func Run(t testing.TB, d backend.Driver, o Options) Result {
 	)
 	errs := make(chan error, o.Workers)
 	var wg sync.WaitGroup
-	for w := 0; w < o.Workers; w++ {
-		s := a.DefaultStream()
-		if w > 0 {
-			s, err = d.StreamCreate(0)
-			require.NoError(t, err)
-			defer func(s backend.Stream) { require.NoError(t, d.StreamDestroy(s)) }(s)
-		}
+	streams := []backend.Stream{a.DefaultStream()}
+	for range o.Workers - 1 { // all made before any worker starts
+		s, err := d.StreamCreate(0)
+		require.NoError(t, err)
+		defer func(s backend.Stream) { require.NoError(t, d.StreamDestroy(s)) }(s)
+		streams = append(streams, s)
+	}
+	for w, s := range streams {
 		wg.Add(1)
 		go func(w int, s backend.Stream) {
 			defer wg.Done()
