@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -9,6 +10,8 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+
+	"github.com/vmmalloc/vmmalloc/benchmarks/trace"
 )
 
 // TestSubcommandMisuse: every subcommand, given bad flags, values or
@@ -69,6 +72,7 @@ func TestSubcommandMisuse(t *testing.T) {
 		{[]string{"sweep", "-o", missing, tr}, exitFailure, "no such file"},
 		{[]string{"sweep", junk}, exitFailure, "unrecognised trace format"},
 		{[]string{"sweep", tr, dir}, exitFailure, "is a directory"},
+		{[]string{"sweep", "-", tr, "-"}, exitUsage, "read only once"},
 		{[]string{"gen", "--kind", "nope", "-o", filepath.Join(dir, "g.bin")}, exitUsage, "unknown workload"},
 		{[]string{"gen", "--format", "nope", "-o", filepath.Join(dir, "g.bin")}, exitUsage, "unknown output format"},
 		{[]string{"gen", "-o", missing}, exitFailure, "no such file"},
@@ -91,4 +95,29 @@ func TestSubcommandMisuse(t *testing.T) {
 			assert.NotContains(t, stderr.String(), "goroutine")
 		})
 	}
+}
+
+// TestSweepNamesCollide: traces whose names repeat, including one named
+// what numbering makes of another ("a#2"), each get a row of their own
+// (replay.Sweep refuses two traces of one name).
+func TestSweepNamesCollide(t *testing.T) {
+	dir := t.TempDir()
+	var paths []string
+	for i, name := range []string{"a", "a", "a#2"} {
+		p := filepath.Join(dir, fmt.Sprint(i, ".txt"))
+		body := trace.TextHeader + "\n# name: " + name + "\nalloc 1 4096 s=0 t=0\nfree 1\n"
+		require.NoError(t, os.WriteFile(p, []byte(body), 0o644))
+		paths = append(paths, p)
+	}
+	var stdout, stderr bytes.Buffer
+	code := run(append([]string{"sweep", "--policy", "e=", "-o", filepath.Join(dir, "study")}, paths...), &stdout, &stderr)
+	require.Equal(t, exitOK, code, stderr.String())
+	csv, err := os.ReadFile(filepath.Join(dir, "study.csv"))
+	require.NoError(t, err)
+	rows := strings.Split(strings.TrimSpace(string(csv)), "\n")[1:]
+	var names []string
+	for _, r := range rows {
+		names = append(names, strings.SplitN(r, ",", 2)[0])
+	}
+	assert.Equal(t, []string{"a", "a#2", "a#2#2"}, names)
 }

@@ -6,6 +6,7 @@ import (
 	"io"
 	"os"
 	"os/signal"
+	"slices"
 	"strings"
 	"time"
 
@@ -56,6 +57,9 @@ func cmdSweep(args []string, stdout, stderr io.Writer) error {
 	}
 	if len(pos) == 0 {
 		return usagef("want at least one trace")
+	}
+	if n := slices.Index(pos, "-"); n >= 0 && slices.Index(pos[n+1:], "-") >= 0 {
+		return usagef("standard input (-) can be read only once")
 	}
 	if *parallel < 0 {
 		return usagef("--parallel %d: want ≥ 0", *parallel)
@@ -177,10 +181,10 @@ func loadTraces(paths []string, format string, device int) (traces []replay.Swee
 		if name == "" {
 			name = path
 		}
-		seen[name]++
-		if n := seen[name]; n > 1 {
-			name = fmt.Sprintf("%s#%d", name, n)
+		for n, base := 2, name; seen[name] > 0; n++ {
+			name = fmt.Sprintf("%s#%d", base, n) // "a#2" given as a name included
 		}
+		seen[name]++
 		var u int64
 		if in.pytorch != nil {
 			u = int64(in.pytorch.UnmatchedFrees)
