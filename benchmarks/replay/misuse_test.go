@@ -62,6 +62,8 @@ func TestRunMisuse(t *testing.T) {
 		want error
 	}{
 		{"nil reader", context.Background(), nil, replay.Options{}, replay.ErrInvalidOptions},
+		{"capacity above MaxSearchCapacity", context.Background(), &sliceReader{ev: small()}, replay.Options{Capacity: replay.MaxSearchCapacity + 1}, replay.ErrInvalidOptions},
+		{"capacity 2^64-1", context.Background(), &sliceReader{ev: small()}, replay.Options{Capacity: math.MaxUint64}, replay.ErrInvalidOptions},
 		{"invalid config", context.Background(), &sliceReader{ev: small()}, replay.Options{Config: bad}, allocator.ErrInvalidConfig},
 		{"negative device", context.Background(), &sliceReader{ev: small()}, replay.Options{Config: func() allocator.Config { c := allocator.DefaultConfig(); c.Device = -1; return c }()}, replay.ErrInvalidOptions},
 		{"huge device", context.Background(), &sliceReader{ev: small()}, replay.Options{Config: func() allocator.Config { c := allocator.DefaultConfig(); c.Device = math.MaxInt32; return c }()}, replay.ErrInvalidOptions},

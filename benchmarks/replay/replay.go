@@ -57,7 +57,7 @@ type Options struct {
 	// (the emulator gets Device+1 devices).
 	Config allocator.Config
 	// Capacity is the emulated device memory in bytes; 0 means
-	// DefaultCapacity.
+	// DefaultCapacity. At most MaxSearchCapacity (ErrInvalidOptions).
 	Capacity uint64
 	// StopOnOOM ends the replay at the first Alloc that fails with
 	// out-of-memory (Report.Complete is then false). Otherwise the failure
@@ -247,6 +247,11 @@ func newRunner(opts Options) (*runner, error) {
 	capacity := opts.Capacity
 	if capacity == 0 {
 		capacity = DefaultCapacity
+	}
+	if capacity > MaxSearchCapacity {
+		// The CLI's limit too: the allocator's address-space budget for a
+		// larger device would not fit the emulator's address space.
+		return nil, fmt.Errorf("%w: Capacity %d is above %d bytes", ErrInvalidOptions, capacity, MaxSearchCapacity)
 	}
 	if opts.MaxSamples > 0 && opts.MaxSamples < minMaxSamples {
 		return nil, fmt.Errorf("%w: MaxSamples %d is below %d", ErrInvalidOptions, opts.MaxSamples, minMaxSamples)
