@@ -3,13 +3,13 @@ package replay_test
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
+	"io"
+	"math"
 	"math/rand/v2"
 	"os"
 	"path/filepath"
-	"errors"
-	"io"
-	"math"
 	"testing"
 	"time"
 
