@@ -33,6 +33,7 @@ type Allocator struct {
 	streams  map[backend.Stream]*streamState // validated streams in use; mu
 	idle     *streamState                    // owner of memory of released streams (see streams.go); mu
 	vanished map[backend.Stream]*streamState // streams destroyed behind the allocator's back; mu
+	ghosts   uint64                          // ghost ids given to vanished streams whose id was reused; mu
 	busy     []*streamState                  // streams with queued events, any order; mu
 	stranded []*arena.Block                  // PendingFree blocks waiting on a vanished stream's work; mu
 	lastS    *streamState                    // most recently used stream; mu
@@ -156,7 +157,7 @@ func New(drv backend.Driver, cfg Config) (*Allocator, error) {
 			p.kind = stats.LargePool
 		}
 		p.pageSize = ps
-		p.vaSize = roundUp(total+total/8, ps)
+		p.vaSize = reservationSize(total, gran, ps)
 		p.unmapped = btree.NewG(16, func(x, y *arena.Block) bool { return x.Addr < y.Addr })
 		p.cache = segment.NewHandleCache(drv, ps, prop, int(cfg.HandleCacheSize/ps), &a.counters)
 	}
@@ -167,6 +168,23 @@ func New(drv backend.Driver, cfg Config) (*Allocator, error) {
 	a.defaultS = s
 	a.streams[s] = newStreamState(s)
 	return a, nil
+}
+
+// reservationSize is the VA size of one expandable segment: 9/8 of the
+// device's memory rounded up to a page, but at most what one segment can
+// track (segment.MaxGranules granules, rounded down to a page), so that a
+// device of tens of TiB, or one reporting a capacity near 2^64, still gets
+// reservations it can use (several, within max_segments_per_pool).
+func reservationSize(total, gran, page uint64) uint64 {
+	limit := uint64(math.MaxUint64) / page * page
+	if gran <= math.MaxUint64/segment.MaxGranules {
+		limit = segment.MaxGranules * gran / page * page
+	}
+	want := total + total/8
+	if want < total || want > limit { // overflowed, or beyond one segment
+		return limit
+	}
+	return min(roundUp(want, page), limit)
 }
 
 func newStreamState(s backend.Stream) *streamState {
@@ -208,15 +226,23 @@ func (a *Allocator) stream(s backend.Stream) (*streamState, error) {
 	}
 	ss, ok := a.streams[s]
 	if !ok {
-		if _, gone := a.vanished[s]; gone || s == idleStream {
-			return nil, fmt.Errorf("%w: stream %d was destroyed", ErrInvalidStream, s)
+		if s >= minInternalStream {
+			return nil, fmt.Errorf("%w: stream %d", ErrInvalidStream, s)
 		}
 		dev, err := a.drv.StreamDevice(s)
 		if err != nil {
+			if _, gone := a.vanished[s]; gone {
+				return nil, fmt.Errorf("%w: stream %d was destroyed", ErrInvalidStream, s)
+			}
 			return nil, fmt.Errorf("%w: stream %d: %w", ErrInvalidStream, s, err)
 		}
 		if dev != a.dev {
 			return nil, fmt.Errorf("%w: stream %d belongs to device %d, not %d", ErrInvalidStream, s, dev, a.dev)
+		}
+		if old, gone := a.vanished[s]; gone {
+			// The driver handed a destroyed stream's id to a new stream
+			// (CUDA and ACL ids are pointers, and are reused).
+			a.retireVanishedID(old)
 		}
 		ss = a.newState(s)
 		a.streams[s] = ss

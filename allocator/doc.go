@@ -50,7 +50,8 @@
 // PyTorch reserves 9/8 of device memory per stream and pool, and many
 // streams × devices exhaust the 128 TiB user address space (pytorch#192269).
 // Here a pool's streams share its reservations: each expandable segment
-// reserves 9/8 of device memory (the 1/8 lets memory be remapped past holes)
+// reserves 9/8 of device memory (the 1/8 lets memory be remapped past holes;
+// at most segment.MaxGranules granules, 32 TiB at 2 MiB)
 // and a pool has at most max_segments_per_pool (default 2) of them, so the
 // address space reserved per device is at most 2 pools × 2 × 9/8 = 4.5× the
 // device memory, however many streams are used. A second reservation is made

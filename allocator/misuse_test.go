@@ -12,6 +12,7 @@ import (
 	"github.com/stretchr/testify/require"
 	"github.com/vmmalloc/vmmalloc/backend"
 	"github.com/vmmalloc/vmmalloc/backend/emulated"
+	"github.com/vmmalloc/vmmalloc/segment"
 	"github.com/vmmalloc/vmmalloc/stats/memviz"
 )
 
@@ -375,7 +376,7 @@ func (r *reusingIDs) EventRecord(ev backend.Event, s backend.Stream) error {
 // new stream (CUDA and ACL ids are pointers, and are reused), the new,
 // live stream must be usable.
 func TestStreamIDReusedAfterVanishing(t *testing.T) {
-	t.Skip("defect: a stream id in Allocator.vanished is refused (ErrInvalidStream) even after the driver hands it to a new live stream; see report")
+
 	e := newEmu(t)
 	drv := &reusingIDs{Driver: e, toEmu: map[backend.Stream]backend.Stream{}}
 	a, err := New(drv, DefaultConfig())
@@ -434,7 +435,7 @@ func TestForeignStreams(t *testing.T) {
 // reservation), or refuse at New with ErrInvalidConfig — never fail every
 // Malloc with an error that wraps none of its sentinels.
 func TestHugeDevice(t *testing.T) {
-	t.Skip("defect: allocator.go New sizes reservations as roundUp(total+total/8, page) — over 28 TiB every Malloc fails with segment.ErrInvalidConfig, and near 2^64 the sum wraps; see report")
+
 	for _, capacity := range []uint64{64 << 40, 1 << 63, math.MaxUint64} {
 		t.Run(fmt.Sprint(capacity), func(t *testing.T) {
 			e := newEmu(t, emulated.WithCapacity(capacity))
@@ -500,4 +501,24 @@ func TestCloseDuringUse(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestReservationSize: given a device of total bytes, one expandable
+// segment reserves 9/8 of it rounded up to a page, capped at what a
+// segment can track, even where 9/8 of it overflows.
+func TestReservationSize(t *testing.T) {
+	const gran, page = 2 << 20, 20 << 20
+	limit := uint64(segment.MaxGranules*gran) / page * page
+	for _, tc := range []struct {
+		total, want uint64
+	}{
+		{80 << 30, 90 << 30},
+		{1 << 30, 1160 << 20}, // 1152 MiB rounded up to a 20 MiB page
+		{64 << 40, limit},
+		{1 << 63, limit},
+		{math.MaxUint64, limit},
+	} {
+		assert.Equal(t, tc.want, reservationSize(tc.total, gran, page), "total %d", tc.total)
+	}
+	assert.Equal(t, uint64(math.MaxUint64)/page*page, reservationSize(math.MaxUint64, 1<<62, page), "granularity so large the granule limit overflows")
 }

@@ -55,6 +55,12 @@ import (
 // this value.
 const idleStream = ^backend.Stream(0)
 
+// minInternalStream is the lowest id the allocator gives its own owners:
+// idleStream, and the ghost ids of vanished streams whose id a driver
+// reused (retireVanishedID), counting down from idleStream-1. Callers'
+// streams at or above it are refused.
+const minInternalStream = idleStream - 1<<32
+
 // errNoDeviceSync says the driver cannot synchronize a whole device.
 var errNoDeviceSync = errors.New("vmmalloc: the driver cannot synchronize the device (no backend.DeviceSynchronizer)")
 
@@ -326,4 +332,31 @@ func (a *Allocator) eachState(f func(*streamState)) {
 		f(ss)
 	}
 	f(a.idle)
+}
+
+// retireVanishedID frees the id of vanished stream ss for the new stream a
+// driver gave it. A device synchronize retires every vanished stream (their
+// memory becomes reusable); where the driver cannot do one, ss's blocks and
+// state move to a ghost id of the allocator's own, so the new stream starts
+// empty and ss's memory stays stranded until a later device synchronize or
+// Close. mu held.
+func (a *Allocator) retireVanishedID(ss *streamState) {
+	if a.quiesce() == nil {
+		if _, still := a.vanished[ss.stream]; !still {
+			return
+		}
+	}
+	a.ghosts++
+	ghost := idleStream - backend.Stream(a.ghosts)
+	old := ss.stream
+	for _, sg := range a.segs {
+		for b := sg.r.Head; b != nil; b = b.Next {
+			if b.Stream == old && b.State != arena.Unmapped {
+				b.Stream = ghost
+			}
+		}
+	}
+	delete(a.vanished, old)
+	ss.stream = ghost
+	a.vanished[ghost] = ss
 }
