@@ -214,12 +214,12 @@ func (l *lockedBuffer) String() string {
 func boardGrid(t *testing.T) ([]replay.SweepTrace, []replay.Policy) {
 	t.Helper()
 	var traces []replay.SweepTrace
-	for _, name := range []string{"mix", "inference"} {
+	for _, name := range []string{"multistream", "training"} {
 		ev, _, err := workload.Generate(name, 1)
 		require.NoError(t, err)
 		traces = append(traces, replay.SweepTrace{Name: name, Events: ev})
 	}
-	return traces, []replay.Policy{{Name: "expandable"}, {Name: "classic", Config: "expandable_segments:False"}, {Name: "page2M", Config: "large_segment_size_mb:2"}}
+	return traces, []replay.Policy{{Name: "expandable"}, {Name: "classic", Config: "expandable_segments:False"}}
 }
 
 // TestRunSweepBoardConcurrent runs a real sweep, runs in parallel and the
@@ -232,13 +232,13 @@ func TestRunSweepBoardConcurrent(t *testing.T) {
 	b := newSweepBoard(&out, true, clk.now)
 	runs, err := runSweep(context.Background(), traces, policies, replay.SweepOptions{Options: replay.Options{MinCapacity: true}, Parallel: 3}, b)
 	require.NoError(t, err)
-	require.Len(t, runs, 6)
+	require.Len(t, runs, 4)
 	s := out.String()
 	assert.Contains(t, s, ansiNoWrap, "frames were drawn")
 	screen := vtScreen(t, s)
-	require.Len(t, screen, 6, "%q", s)
+	require.Len(t, screen, 4, "%q", s)
 	for i, l := range screen {
-		assert.Regexp(t, `^\[`+strconv.Itoa(i+1)+`/6\] (mix|inference) × (expandable|classic|page2M): min capacity `, l)
+		assert.Regexp(t, `^\[`+strconv.Itoa(i+1)+`/4\] (multistream|training) × (expandable|classic): min capacity `, l)
 	}
 }
 
@@ -268,6 +268,6 @@ func TestRunSweepBoardCancelled(t *testing.T) {
 	s := out.String()
 	require.Contains(t, s, ansiNoWrap)
 	for _, l := range vtScreen(t, s) {
-		assert.Regexp(t, `^\[\d/6\] `, l, "only summaries of runs that finished")
+		assert.Regexp(t, `^\[\d/4\] `, l, "only summaries of runs that finished")
 	}
 }
