@@ -28,7 +28,7 @@ type SweepTrace struct {
 type SweepOptions struct {
 	// Options are the replay options of every run (Capacity, CostModel,
 	// MaxSamples, Check, SteadyFromMark, MinCapacity). Name and Config
-	// come from each policy; Progress is not used (see OnDone).
+	// come from each policy; Progress is not used (see OnProgress).
 	// Options.Parallel is the parallelism of each run's capacity search;
 	// 0 means 1 when runs go in parallel (Parallel ≠ 1), else GOMAXPROCS.
 	Options
@@ -37,6 +37,49 @@ type SweepOptions struct {
 	// OnDone, if set, is called once per finished run, one call at a
 	// time, in the order runs finish. It must be quick.
 	OnDone func(SweepRun)
+	// OnProgress, if set, is called as each run moves on: once when it
+	// starts, every 65536 events of its plain replay and at the end of
+	// it, and once when its capacity search starts. Calls are never
+	// concurrent: they are serialised with each other and with OnDone
+	// through one mutex of the sweep, so a run's last OnProgress comes
+	// before its OnDone. It must be quick (it holds up every run that
+	// reports meanwhile).
+	OnProgress func(SweepProgress)
+}
+
+// SweepStage is where a run of a sweep is.
+type SweepStage int
+
+const (
+	// SweepReplaying: the plain replay at Options.Capacity;
+	// SweepProgress.Events counts its events.
+	SweepReplaying SweepStage = iota
+	// SweepSearching: the minimum-capacity search (Options.MinCapacity),
+	// which replays the trace several times, some at once; its events are
+	// not counted.
+	SweepSearching
+)
+
+// String names the stage for people.
+func (s SweepStage) String() string {
+	switch s {
+	case SweepReplaying:
+		return "replay"
+	case SweepSearching:
+		return "min-capacity search"
+	}
+	return fmt.Sprintf("SweepStage(%d)", int(s))
+}
+
+// SweepProgress is the state of one run in flight, as OnProgress sees it.
+type SweepProgress struct {
+	Trace       string     // SweepTrace.Name
+	Policy      string     // Policy.Name
+	Index       int        // position in the grid: trace-major, policy-minor
+	Total       int        // cells in the grid
+	Stage       SweepStage // what the run is doing
+	Events      int64      // events the plain replay has applied (all of them once it is over)
+	EventsTotal int64      // events in the trace
 }
 
 // SweepRun is the outcome of one (trace, policy) cell of a sweep.
@@ -92,7 +135,7 @@ func Sweep(ctx context.Context, traces []SweepTrace, policies []Policy, opts Swe
 
 	total := len(traces) * len(policies)
 	runs := make([]SweepRun, total)
-	var mu sync.Mutex // serialises OnDone
+	var mu sync.Mutex // serialises OnDone and OnProgress
 	g, gctx := errgroup.WithContext(ctx)
 	g.SetLimit(limit)
 	for ti, tr := range traces {
@@ -105,7 +148,17 @@ func Sweep(ctx context.Context, traces []SweepTrace, policies []Policy, opts Swe
 					return context.Cause(gctx)
 				}
 				start := time.Now()
-				rep, err := runCell(gctx, tr.Events, o)
+				var report func(SweepStage, int64)
+				if opts.OnProgress != nil {
+					sp := SweepProgress{Trace: tr.Name, Policy: p.Name, Index: idx, Total: total, EventsTotal: int64(len(tr.Events))}
+					report = func(st SweepStage, n int64) {
+						mu.Lock()
+						defer mu.Unlock()
+						sp.Stage, sp.Events = st, n
+						opts.OnProgress(sp)
+					}
+				}
+				rep, err := runCell(gctx, tr.Events, o, report)
 				if err != nil {
 					return fmt.Errorf("%s: %w", cellName(tr.Name, p.Name), err)
 				}
@@ -135,13 +188,21 @@ func cellName(traceName, policy string) string {
 }
 
 // runCell is one run of a sweep: a replay at o.Capacity and, with
-// o.MinCapacity, the capacity search.
-func runCell(ctx context.Context, events []trace.Event, o Options) (*Report, error) {
+// o.MinCapacity, the capacity search. report, if not nil, hears each stage
+// and the replay's events.
+func runCell(ctx context.Context, events []trace.Event, o Options, report func(SweepStage, int64)) (*Report, error) {
+	if report != nil {
+		report(SweepReplaying, 0)
+		o.Progress = func(n int64) { report(SweepReplaying, n) }
+	}
 	rep, err := RunContext(ctx, trace.NewSliceReader(events), o)
 	if err != nil {
 		return nil, err
 	}
 	if o.MinCapacity {
+		if report != nil {
+			report(SweepSearching, int64(len(events)))
+		}
 		res, err := SearchMinCapacityContext(ctx, events, o.Config, o)
 		if err != nil {
 			return nil, err

@@ -33,7 +33,11 @@
 // sweep replays a grid of policies × traces, one run per core at a time,
 // searching each run's minimum capacity; it prints a Markdown table and
 // writes PREFIX.md, PREFIX.csv and PREFIX.svg (min capacity against driver
-// calls). gen writes --kind training|inference|mix|multistream with --seed in --format
+// calls). While it runs, stderr shows, on a terminal, a bar per run in
+// flight (trace × policy, share of the plain replay done, events/s, then
+// the time its capacity search has taken), redrawn in place, each finished
+// run collapsing into a summary line; elsewhere only the summary lines,
+// one per finished run. gen writes --kind training|inference|mix|multistream with --seed in --format
 // binary|text to -o. convert reads any input format and writes binary or
 // text (--to, or from the -o extension: .txt is text), or, with --to
 // pytorch (or a .pickle output), replays the trace with --config and

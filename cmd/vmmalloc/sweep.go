@@ -103,19 +103,12 @@ func cmdSweep(args []string, stdout, stderr io.Writer) error {
 		return err
 	}
 	fmt.Fprintf(stderr, "sweeping %d traces × %d policies\n", len(traces), len(policies))
-	done := 0
 	// Ctrl-C cancels the runs in flight (through the context each replay
 	// checks) instead of killing the process mid-write.
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
 	defer stop()
-	runs, err := replay.Sweep(ctx, traces, policies, replay.SweepOptions{
-		Options:  opts,
-		Parallel: *parallel,
-		OnDone: func(r replay.SweepRun) { // called one at a time
-			done++
-			fmt.Fprintln(stderr, runLine(r, done))
-		},
-	})
+	runs, err := runSweep(ctx, traces, policies, replay.SweepOptions{Options: opts, Parallel: *parallel},
+		newSweepBoard(stderr, isTerminal(stderr), time.Now))
 	if err != nil {
 		return err
 	}
@@ -159,6 +152,17 @@ func cmdSweep(args []string, stdout, stderr io.Writer) error {
 	}
 	fmt.Fprintf(stderr, "wrote %s.md, %s.csv and %s.svg\n", *out, *out, *out)
 	return nil
+}
+
+// runSweep runs the sweep reporting to board (a bar per run in flight on a
+// terminal, a line per finished run), and erases the board before it
+// returns, whether the sweep ended, failed or was cancelled.
+func runSweep(ctx context.Context, traces []replay.SweepTrace, policies []replay.Policy, o replay.SweepOptions, board *sweepBoard) ([]replay.SweepRun, error) {
+	o.OnProgress, o.OnDone = board.progress, board.finish
+	stopTicks := board.ticks(progressInterval)
+	defer board.close()
+	defer stopTicks()
+	return replay.Sweep(ctx, traces, policies, o)
 }
 
 // loadTraces reads every trace whole and names each by its header name or
