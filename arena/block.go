@@ -39,6 +39,57 @@
 // Block headers are recycled through a BlockPool, so the steady-state
 // Malloc/Free path allocates nothing on the Go heap.
 //
+// # Heap
+//
+// Heap is the block heap the allocator runs on: it owns the block records
+// of every region, splits and coalesces them, keeps the free blocks of each
+// (stream, pool) in a TLSF index for exact best fit, keeps the unmapped
+// blocks of each pool in address order, and maps the address of every
+// allocated block to its record. The allocator decides when: which pool
+// and stream a request uses, when to grow and what to map, when to release
+// and what to unmap, events, driver calls and statistics. The heap decides
+// how: where a block is split, which neighbours merge, which free block
+// fits.
+//
+// Block life in a Heap (Releasing and Mapping are the two transition
+// states in which the owner may drop its lock around a driver call):
+//
+//	            Alloc                 Free
+//	 Free ───────────────▶ Allocated ─────────────▶ Free
+//	  ▲ │                     │ MarkPending             ▲
+//	  │ │ BeginRelease        ▼                         │
+//	  │ ▼                PendingFree ───── Free ────────┘
+//	  │ Releasing ── CommitRelease(done) ──▶ Unmapped (the first done bytes)
+//	  │   └───── AbortRelease / the rest ──▶ Free
+//	  │                                        │ BeginMap
+//	  └──────────── CommitMap ──── Mapping ◀───┘
+//	                                 └── AbortMap ──▶ Unmapped
+//
+// Coalescing rule, kept by every operation and verified by Check: two
+// address neighbours are never both Free on the same stream, nor both
+// Unmapped. Releasing and Mapping blocks are in no index: best fit, growth
+// searches and coalescing skip them, so the owner can mark a range, drop
+// its lock, wait for a stream and call the driver, retake the lock and
+// commit or abort (gVisor pgalloc's "releasing" state). Operations on other
+// blocks stay valid meanwhile; RemoveRegion refuses a region with a block
+// in transition.
+//
+// # Representation
+//
+// A block record is 48 bytes and holds no Go pointer: address links,
+// treap links and region and stream references are int32 indices
+// (BlockID, RegionID, StreamID). Records live in fixed-size chunks (slabs)
+// that are never moved or copied, recycled records are chained through
+// their next link, and the address table holds BlockIDs, so the garbage
+// collector scans no memory per block and a live block costs its record
+// plus one or two table slots. Fields that only some states use share
+// storage: a free block's treap children and an allocated block's
+// requested size; a free block's treap parent and an allocated block's
+// event count.
+//
+// Nothing in a Heap locks: its owner serialises every call (the
+// allocator's device mutex).
+//
 // Nothing in this package locks: the allocator's device mutex guards every
 // Region, Block and FreeList.
 package arena
@@ -57,6 +108,8 @@ const (
 	Allocated                // handed out to a caller
 	PendingFree              // freed by the caller, waiting on stream events
 	Unmapped                 // address space without physical memory
+	Releasing                // Heap only: free memory being unmapped (lock may be dropped)
+	Mapping                  // Heap only: unmapped memory being mapped (lock may be dropped)
 )
 
 func (s State) String() string {
@@ -69,6 +122,10 @@ func (s State) String() string {
 		return "pending_free"
 	case Unmapped:
 		return "unmapped"
+	case Releasing:
+		return "releasing"
+	case Mapping:
+		return "mapping"
 	}
 	return fmt.Sprintf("State(%d)", int(s))
 }
