@@ -54,16 +54,16 @@
 // Block life in a Heap (Releasing and Mapping are the two transition
 // states in which the owner may drop its lock around a driver call):
 //
-//	            Alloc                 Free
-//	 Free ───────────────▶ Allocated ─────────────▶ Free
-//	  ▲ │                     │ MarkPending             ▲
-//	  │ │ BeginRelease        ▼                         │
-//	  │ ▼                PendingFree ───── Free ────────┘
-//	  │ Releasing ── CommitRelease(done) ──▶ Unmapped (the first done bytes)
-//	  │   └───── AbortRelease / the rest ──▶ Free
-//	  │                                        │ BeginMap
-//	  └──────────── CommitMap ──── Mapping ◀───┘
-//	                                 └── AbortMap ──▶ Unmapped
+//	           Alloc                 Free
+//	Free ───────────────▶ Allocated ─────────────▶ Free
+//	 ▲ │                     │ MarkPending             ▲
+//	 │ │ BeginRelease        ▼                         │
+//	 │ ▼                PendingFree ───── Free ────────┘
+//	 │ Releasing ── CommitRelease(done) ──▶ Unmapped (the first done bytes)
+//	 │   └───── AbortRelease / the rest ──▶ Free
+//	 │                                        │ BeginMap
+//	 └──────────── CommitMap ──── Mapping ◀───┘
+//	                                └── AbortMap ──▶ Unmapped
 //
 // Coalescing rule, kept by every operation and verified by Check: two
 // address neighbours are never both Free on the same stream, nor both
