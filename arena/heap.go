@@ -102,7 +102,7 @@ type SplitHook func(pool uint8, blocks, bytes int64)
 // Heap is a block heap: see the package documentation. Create one with
 // NewHeap.
 type Heap struct {
-	chunks  [][]block // record slabs; BlockID i is chunks[i>>chunkShift][i&(chunkLen-1)]; id 0 unused
+	chunks  []*[chunkLen]block // record slabs; BlockID i is chunks[i>>chunkShift][i&(chunkLen-1)]; id 0 unused
 	nrec    int32     // records ever handed out, counting id 0
 	freeRec BlockID   // recycled records, chained through next
 	used    int       // records in use (blocks)
@@ -134,7 +134,7 @@ func NewHeap(pools int) (*Heap, error) {
 		npools:   pools,
 		unmapped: make([]*btree.BTreeG[BlockID], pools),
 	}
-	h.chunks = append(h.chunks, make([]block, chunkLen))
+	h.chunks = append(h.chunks, new([chunkLen]block))
 	for i := range h.unmapped {
 		h.unmapped[i] = btree.NewG(16, h.lessAddr)
 	}
@@ -148,7 +148,7 @@ func (h *Heap) lessAddr(x, y BlockID) bool { return h.rec(x).addr < h.rec(y).add
 
 // rec returns the record of id, which must be below h.nrec.
 func (h *Heap) rec(id BlockID) *block {
-	return &h.chunks[id>>chunkShift][id&(chunkLen-1)]
+	return &h.chunks[uint32(id)>>chunkShift][uint32(id)&(chunkLen-1)]
 }
 
 // valid returns the record of id if id names a block.
@@ -187,7 +187,7 @@ func (h *Heap) newRec() (BlockID, *block) {
 		return id, b
 	}
 	if int(h.nrec) == len(h.chunks)*chunkLen {
-		h.chunks = append(h.chunks, make([]block, chunkLen))
+		h.chunks = append(h.chunks, new([chunkLen]block))
 	}
 	id := BlockID(h.nrec)
 	h.nrec++
@@ -435,7 +435,7 @@ func (h *Heap) RemoveRegion(rid RegionID) error {
 		case Unmapped:
 			h.unmapped[r.pool].Delete(id)
 		case Allocated:
-			h.live.remove(h, id)
+			h.live.remove(h, id, b.addr)
 		}
 		h.freeRecord(id, b)
 		id = next

@@ -49,8 +49,9 @@ func prio16(addr uintptr) uint16 {
 	return uint16((uint64(addr) * 0x9E3779B97F4A7C15) >> 48)
 }
 
-// setChild replaces child old of parent pid (or the root of class c) by n.
-func (h *Heap) setChild(l *tlsfIndex, c int, pid, old, n BlockID) {
+// setChild replaces child old of parent pid (or the root of class c) by
+// n, whose record is nb (nil when n is NoBlock).
+func (h *Heap) setChild(l *tlsfIndex, c int, pid, old, n BlockID, nb *block) {
 	if pid == NoBlock {
 		l.roots[c] = n
 	} else if p := h.rec(pid); p.left() == old {
@@ -58,8 +59,8 @@ func (h *Heap) setChild(l *tlsfIndex, c int, pid, old, n BlockID) {
 	} else {
 		p.setRight(n)
 	}
-	if n != NoBlock {
-		h.rec(n).up = int32(pid)
+	if nb != nil {
+		nb.up = int32(pid)
 	}
 }
 
@@ -85,7 +86,7 @@ func (h *Heap) rotateUp(l *tlsfIndex, c int, id BlockID) {
 		b.setLeft(pid)
 	}
 	p.up = int32(id)
-	h.setChild(l, c, gid, pid, id)
+	h.setChild(l, c, gid, pid, id, b)
 }
 
 // insert adds free block id (in no index) to l.
@@ -137,7 +138,11 @@ func (h *Heap) remove(l *tlsfIndex, id BlockID, b *block) {
 	if child == NoBlock {
 		child = b.right()
 	}
-	h.setChild(l, c, BlockID(b.up), id, child)
+	var cb *block
+	if child != NoBlock {
+		cb = h.rec(child)
+	}
+	h.setChild(l, c, BlockID(b.up), id, child, cb)
 	if l.roots[c] == NoBlock {
 		l.markEmpty(c)
 	}
@@ -204,9 +209,9 @@ func (h *Heap) firstAbove(l *tlsfIndex, c int) BlockID {
 	return h.minNode(l.roots[f*slCount+bits.TrailingZeros16(l.slMap[f])])
 }
 
-// succ is id's in-order successor within its class treap, or NoBlock.
-func (h *Heap) succ(id BlockID) BlockID {
-	b := h.rec(id)
+// succ is the in-order successor of id (record b) within its class
+// treap, or NoBlock.
+func (h *Heap) succ(id BlockID, b *block) BlockID {
 	if r := b.right(); r != NoBlock {
 		return h.minNode(r)
 	}
@@ -221,9 +226,9 @@ func (h *Heap) succ(id BlockID) BlockID {
 	return NoBlock
 }
 
-// pred is id's in-order predecessor within its class treap, or NoBlock.
-func (h *Heap) pred(id BlockID) BlockID {
-	b := h.rec(id)
+// pred is the in-order predecessor of id (record b) within its class
+// treap, or NoBlock.
+func (h *Heap) pred(id BlockID, b *block) BlockID {
 	if l := b.left(); l != NoBlock {
 		return h.maxNode(l)
 	}
@@ -244,20 +249,22 @@ func (h *Heap) fitsSlot(id BlockID, b *block, size uint64, addr uintptr) bool {
 	if classOf(size) != classOf(b.size) {
 		return false
 	}
-	if p := h.pred(id); p != NoBlock && !lessThanKey(h.rec(p), size, addr) {
+	if b.up == 0 && b.aux == 0 {
+		return true // alone in its class
+	}
+	if p := h.pred(id, b); p != NoBlock && !lessThanKey(h.rec(p), size, addr) {
 		return false
 	}
-	if n := h.succ(id); n != NoBlock && !lessKey(size, addr, h.rec(n)) {
+	if n := h.succ(id, b); n != NoBlock && !lessKey(size, addr, h.rec(n)) {
 		return false
 	}
 	return true
 }
 
-// replaceSlot puts unlisted block rid in listed block bid's place in its
-// class treap c (the caller checked fitsSlot) and takes bid out, without
-// changing l's counts.
-func (h *Heap) replaceSlot(l *tlsfIndex, c int, bid, rid BlockID) {
-	b, r := h.rec(bid), h.rec(rid)
+// replaceSlot puts unlisted block rid (record r) in listed block bid's
+// (record b) place in its class treap c (the caller checked fitsSlot) and
+// takes bid out, without changing l's counts.
+func (h *Heap) replaceSlot(l *tlsfIndex, c int, bid BlockID, b *block, rid BlockID, r *block) {
 	r.aux, r.prio = b.aux, b.prio
 	if x := r.left(); x != NoBlock {
 		h.rec(x).up = int32(rid)
@@ -265,7 +272,7 @@ func (h *Heap) replaceSlot(l *tlsfIndex, c int, bid, rid BlockID) {
 	if x := r.right(); x != NoBlock {
 		h.rec(x).up = int32(rid)
 	}
-	h.setChild(l, c, BlockID(b.up), bid, rid)
+	h.setChild(l, c, BlockID(b.up), bid, rid, r)
 	b.aux, b.up = 0, 0
 }
 
@@ -280,7 +287,7 @@ func (h *Heap) eachFree(l *tlsfIndex, fn func(BlockID) bool) {
 		for s != 0 {
 			k := bits.TrailingZeros16(s)
 			s &^= 1 << uint(k)
-			for id := h.minNode(l.roots[f*slCount+k]); id != NoBlock; id = h.succ(id) {
+			for id := h.minNode(l.roots[f*slCount+k]); id != NoBlock; id = h.succ(id, h.rec(id)) {
 				if !fn(id) {
 					return
 				}
@@ -324,8 +331,8 @@ func (t *addrTable) get(h *Heap, addr uintptr) BlockID {
 	}
 }
 
-// put inserts id, whose address is not in the table.
-func (t *addrTable) put(h *Heap, id BlockID) {
+// put inserts id, whose address addr is not in the table.
+func (t *addrTable) put(h *Heap, id BlockID, addr uintptr) {
 	if t.slots == nil {
 		t.init(addrTableMinSize)
 	}
@@ -334,12 +341,12 @@ func (t *addrTable) put(h *Heap, id BlockID) {
 		t.init(2 * len(old))
 		for _, x := range old {
 			if x != NoBlock {
-				t.put(h, x)
+				t.put(h, x, h.rec(x).addr)
 			}
 		}
 	}
 	mask := len(t.slots) - 1
-	i := t.home(h.rec(id).addr)
+	i := t.home(addr)
 	for t.slots[i] != NoBlock {
 		i = (i + 1) & mask
 	}
@@ -347,13 +354,14 @@ func (t *addrTable) put(h *Heap, id BlockID) {
 	t.n++
 }
 
-// remove takes id out; it reports whether id was there.
-func (t *addrTable) remove(h *Heap, id BlockID) bool {
+// remove takes id, whose address is addr, out; it reports whether id was
+// there.
+func (t *addrTable) remove(h *Heap, id BlockID, addr uintptr) bool {
 	if t.n == 0 {
 		return false
 	}
 	mask := len(t.slots) - 1
-	i := t.home(h.rec(id).addr)
+	i := t.home(addr)
 	for t.slots[i] != id {
 		if t.slots[i] == NoBlock {
 			return false

@@ -45,7 +45,7 @@ func (h *Heap) Alloc(id BlockID, n, requested uint64) error {
 		}
 		rid, r := h.splitAt(id, b, n)
 		if inPlace {
-			h.replaceSlot(l, c, id, rid)
+			h.replaceSlot(l, c, id, b, rid, r)
 			l.bytes -= n
 		} else {
 			h.insert(l, rid, r)
@@ -57,7 +57,7 @@ func (h *Heap) Alloc(id BlockID, n, requested uint64) error {
 	b.state = Allocated
 	b.aux = requested
 	b.up = 0
-	h.live.put(h, id)
+	h.live.put(h, id, b.addr)
 	return nil
 }
 
@@ -68,7 +68,7 @@ func (h *Heap) MarkPending(id BlockID) error {
 	if !ok || b.state != Allocated {
 		return h.badState(id, "MarkPending", Allocated)
 	}
-	h.live.remove(h, id)
+	h.live.remove(h, id, b.addr)
 	b.state = PendingFree
 	return nil
 }
@@ -81,7 +81,7 @@ func (h *Heap) Free(id BlockID) (BlockID, error) {
 		return NoBlock, h.badState(id, "Free", Allocated)
 	}
 	if b.state == Allocated {
-		h.live.remove(h, id)
+		h.live.remove(h, id, b.addr)
 	}
 	b.state = Free
 	b.aux, b.up = 0, 0
@@ -115,7 +115,7 @@ func (h *Heap) coalesceInsert(id BlockID, b *block) BlockID {
 			h.leave(nx)
 			if h.fitsSlot(nid, nx, b.size+nx.size, b.addr) {
 				c := classOf(nx.size)
-				h.replaceSlot(l, c, nid, id)
+				h.replaceSlot(l, c, nid, nx, id, b)
 				l.bytes += b.size
 				h.absorbNext(id, b)
 			} else {

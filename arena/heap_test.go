@@ -343,7 +343,7 @@ func TestHeapCheckCatchesCorruption(t *testing.T) {
 		{"gap", func(h *Heap) { h.rec(h.Find(testBase + 2*unit)).addr += unit }, "expected to start"},
 		{"uncoalesced", func(h *Heap) {
 			id := h.Lookup(testBase + 4*unit)
-			h.live.remove(h, id)
+			h.live.remove(h, id, h.rec(id).addr)
 			b := h.rec(id)
 			b.state, b.aux, b.up = Free, 0, 0
 		}, "not coalesced"},
@@ -352,7 +352,7 @@ func TestHeapCheckCatchesCorruption(t *testing.T) {
 			id := h.BestFit(1, 0, unit)
 			h.rec(id).up = 3
 		}, "parent link"},
-		{"address table", func(h *Heap) { h.live.remove(h, h.Lookup(testBase)) }, "address table"},
+		{"address table", func(h *Heap) { h.live.remove(h, h.Lookup(testBase), testBase) }, "address table"},
 		{"bitmap", func(h *Heap) { h.streams[1].free[0].flMap |= 1 << 40 }, "bitmap"},
 	}
 	for _, c := range cases {
