@@ -1,5 +1,11 @@
-// Package arena holds the blocks that tile a segment's address range and
-// the size-class free lists that find a free block for a request.
+// Package arena holds the blocks that tile a segment's address range, the
+// size-class free lists that find a free block for a request, and Heap,
+// the block heap that owns both.
+//
+// Heap (below) is the mechanism the allocator is moving onto; Region,
+// Block, BlockPool and FreeList are the earlier pointer-linked form, which
+// the allocator still drives directly while it moves. Both use the same
+// size classes and return the same best fit.
 //
 // # Blocks
 //
@@ -18,8 +24,9 @@
 // Free blocks are mapped and sit in exactly one FreeList (their stream's, in
 // their pool). Unmapped blocks are address space with no physical memory;
 // they belong to no stream. Neighbours merge only when both are Free (or
-// both Unmapped), on the same stream, with no pending events: coalescing is
-// done by the owner (the allocator) through Region.Merge.
+// both Unmapped), on the same stream, with no pending events: with
+// Region/Block, coalescing is done by the owner through Region.Merge; a
+// Heap does it itself.
 //
 // # Free lists
 //
@@ -87,11 +94,15 @@
 // requested size; a free block's treap parent and an allocated block's
 // event count.
 //
-// Nothing in a Heap locks: its owner serialises every call (the
-// allocator's device mutex).
+// Measured (BenchmarkHeapLiveBlocks, 10⁶ live blocks): 56 bytes of Go
+// heap per block and a full runtime.GC() of about 2 ms, against 162 bytes
+// and hundreds of milliseconds for Block headers.
 //
-// Nothing in this package locks: the allocator's device mutex guards every
-// Region, Block and FreeList.
+// # Locking
+//
+// Nothing in this package locks: the owner serialises every call on a
+// Heap, Region, Block or FreeList (the allocator's device mutex). A Heap
+// never calls out except to its SplitHook, synchronously.
 package arena
 
 import (

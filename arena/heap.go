@@ -62,7 +62,7 @@ type block struct {
 	stream     StreamID // zero for Unmapped and Mapping blocks
 	prio       uint16   // treap priority while Free
 	state      State
-	_          uint8
+	pool       uint8 // the region's pool
 }
 
 func (b *block) left() BlockID  { return BlockID(uint32(b.aux)) }
@@ -101,11 +101,31 @@ type SplitHook func(pool uint8, blocks, bytes int64)
 
 // Heap is a block heap: see the package documentation. Create one with
 // NewHeap.
+//
+// What the allocator did with Region/Block and does with a Heap:
+//
+//	best fit in the stream's FreeList      BestFit(sid, pool, size)
+//	Split/SplitFront + live table Put      Alloc(id, n, requested)
+//	coalesceInsert/MergeNext + Take        Free(id) (Allocated or PendingFree)
+//	State = PendingFree                    MarkPending(id); AddEvents/Events
+//	live ptrTable Get                      Lookup(addr)
+//	Region.Find (bad pointers)             Find(addr), RegionAt(addr)
+//	btree of Unmapped blocks (growth)      AscendUnmapped(pool, fn), Coalescable(id, sid)
+//	Map, Split the unmapped run, merge     BeginMap(u, off, n) … CommitMap(m, sid) / AbortMap(m)
+//	releaseBlock's Unmap, Split, merge     BeginRelease(id, off, n) … CommitRelease(r, done) / AbortRelease(r)
+//	release walks (FreeList.Each)          EachFree(sid, pool, fn), FreeLen, FreeBytes
+//	NewRegion / dropSeg                    AddRegion / walk Head…Next, then RemoveRegion
+//	Region.Owner                           the owner's own table indexed by RegionID
+//	countInactive (classic inactive_split) SetSplitHook
+//	Check and Snapshot walks               Regions, Region, Block, Next; Check
+//
+// Block.Uses (streams recorded on an allocated block) stays with the owner,
+// keyed by BlockID.
 type Heap struct {
 	chunks  []*[chunkLen]block // record slabs; BlockID i is chunks[i>>chunkShift][i&(chunkLen-1)]; id 0 unused
-	nrec    int32     // records ever handed out, counting id 0
-	freeRec BlockID   // recycled records, chained through next
-	used    int       // records in use (blocks)
+	nrec    int32              // records ever handed out, counting id 0
+	freeRec BlockID            // recycled records, chained through next
+	used    int                // records in use (blocks)
 
 	regions     []regionRec // by RegionID; [0] unused
 	freeRegions []RegionID  // unused region slots
@@ -205,24 +225,25 @@ func (h *Heap) freeRecord(id BlockID, b *block) {
 }
 
 // pool is the pool of b's region.
-func (h *Heap) pool(b *block) uint8 { return h.regions[b.region].pool }
+func (h *Heap) pool(b *block) uint8 { return b.pool }
 
 // list is the free index b belongs in (b has a stream).
 func (h *Heap) list(b *block) *tlsfIndex {
-	return &h.streams[b.stream].free[h.regions[b.region].pool]
+	return &h.streams[b.stream].free[b.pool]
 }
 
 // leave and enter report a free block leaving or entering the free
-// indexes to the split hook.
+// indexes to the split hook; callers test h.splitHook first, so that the
+// hot path pays one predictable branch when no hook is set.
 func (h *Heap) leave(b *block) {
-	if h.splitHook != nil && b.isSplit() {
-		h.splitHook(h.pool(b), -1, -int64(b.size))
+	if b.isSplit() {
+		h.splitHook(b.pool, -1, -int64(b.size))
 	}
 }
 
 func (h *Heap) enter(b *block) {
-	if h.splitHook != nil && b.isSplit() {
-		h.splitHook(h.pool(b), 1, int64(b.size))
+	if b.isSplit() {
+		h.splitHook(b.pool, 1, int64(b.size))
 	}
 }
 
@@ -358,7 +379,7 @@ func (h *Heap) AddRegion(base uintptr, size uint64, pool uint8, st State, sid St
 		rid = RegionID(len(h.regions) - 1)
 	}
 	id, b := h.newRec()
-	b.addr, b.size, b.region, b.state = base, size, rid, st
+	b.addr, b.size, b.region, b.state, b.pool = base, size, rid, st, pool
 	h.regions[rid] = regionRec{base: base, size: size, head: id, pool: pool}
 	h.order = append(h.order, 0)
 	copy(h.order[i+1:], h.order[i:])
@@ -367,7 +388,9 @@ func (h *Heap) AddRegion(base uintptr, size uint64, pool uint8, st State, sid St
 		b.stream = sid
 		h.streams[sid].blocks++
 		h.insert(h.list(b), id, b)
-		h.enter(b)
+		if h.splitHook != nil {
+			h.enter(b)
+		}
 	} else {
 		h.unmapped[pool].ReplaceOrInsert(id)
 	}
@@ -430,7 +453,9 @@ func (h *Heap) RemoveRegion(rid RegionID) error {
 		next := b.next
 		switch b.state {
 		case Free:
-			h.leave(b)
+			if h.splitHook != nil {
+				h.leave(b)
+			}
 			h.remove(h.list(b), id, b)
 		case Unmapped:
 			h.unmapped[r.pool].Delete(id)

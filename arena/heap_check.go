@@ -50,8 +50,8 @@ func (h *Heap) Check() error {
 			if blocks > h.used {
 				return corrupt("more blocks in regions than records in use (%d): a cycle?", h.used)
 			}
-			if b.region != rid || b.prev != prevID {
-				return corrupt("block %#x: bad region or prev link", b.addr)
+			if b.region != rid || b.pool != r.pool || b.prev != prevID {
+				return corrupt("block %#x: bad region, pool or prev link", b.addr)
 			}
 			if b.addr != addr || b.size == 0 {
 				return corrupt("block %#x+%d: expected to start at %#x", b.addr, b.size, addr)

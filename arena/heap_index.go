@@ -244,9 +244,9 @@ func (h *Heap) pred(id BlockID, b *block) BlockID {
 }
 
 // fitsSlot reports whether a free block keyed (size, addr) could stand
-// where listed block id stands in its class treap.
-func (h *Heap) fitsSlot(id BlockID, b *block, size uint64, addr uintptr) bool {
-	if classOf(size) != classOf(b.size) {
+// where listed block id (record b, class c) stands in its class treap.
+func (h *Heap) fitsSlot(id BlockID, b *block, c int, size uint64, addr uintptr) bool {
+	if classOf(size) != c {
 		return false
 	}
 	if b.up == 0 && b.aux == 0 {

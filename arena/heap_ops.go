@@ -35,11 +35,13 @@ func (h *Heap) Alloc(id BlockID, n, requested uint64) error {
 		}
 	}
 	l := h.list(b)
-	h.leave(b)
+	if h.splitHook != nil {
+		h.leave(b)
+	}
 	if n < b.size {
 		rsize, raddr := b.size-n, b.addr+uintptr(n)
 		c := classOf(b.size)
-		inPlace := h.fitsSlot(id, b, rsize, raddr)
+		inPlace := h.fitsSlot(id, b, c, rsize, raddr)
 		if !inPlace {
 			h.remove(l, id, b)
 		}
@@ -50,7 +52,9 @@ func (h *Heap) Alloc(id BlockID, n, requested uint64) error {
 		} else {
 			h.insert(l, rid, r)
 		}
-		h.enter(r)
+		if h.splitHook != nil {
+			h.enter(r)
+		}
 	} else {
 		h.remove(l, id, b)
 	}
@@ -112,9 +116,10 @@ func (h *Heap) coalesceInsert(id BlockID, b *block) BlockID {
 	if nid := b.next; !prevOK && nid != NoBlock {
 		if nx := h.rec(nid); mergeable(nx, b.stream) {
 			// The common case: freeing the block just split off a free one.
-			h.leave(nx)
-			if h.fitsSlot(nid, nx, b.size+nx.size, b.addr) {
-				c := classOf(nx.size)
+			if h.splitHook != nil {
+				h.leave(nx)
+			}
+			if c := classOf(nx.size); h.fitsSlot(nid, nx, c, b.size+nx.size, b.addr) {
 				h.replaceSlot(l, c, nid, nx, id, b)
 				l.bytes += b.size
 				h.absorbNext(id, b)
@@ -123,27 +128,35 @@ func (h *Heap) coalesceInsert(id BlockID, b *block) BlockID {
 				h.absorbNext(id, b)
 				h.insert(l, id, b)
 			}
-			h.enter(b)
+			if h.splitHook != nil {
+				h.enter(b)
+			}
 			return id
 		}
 	}
 	if prevOK {
 		pid := b.prev
 		p := h.rec(pid)
-		h.leave(p)
+		if h.splitHook != nil {
+			h.leave(p)
+		}
 		h.remove(l, pid, p)
 		h.absorbNext(pid, p)
 		id, b = pid, p
 	}
 	if nid := b.next; nid != NoBlock {
 		if nx := h.rec(nid); mergeable(nx, b.stream) {
-			h.leave(nx)
+			if h.splitHook != nil {
+				h.leave(nx)
+			}
 			h.remove(l, nid, nx)
 			h.absorbNext(id, b)
 		}
 	}
 	h.insert(l, id, b)
-	h.enter(b)
+	if h.splitHook != nil {
+		h.enter(b)
+	}
 	return id
 }
 
@@ -186,6 +199,7 @@ func (h *Heap) splitAt(id BlockID, b *block, k uint64) (BlockID, *block) {
 	r.state = b.state
 	r.stream = b.stream
 	r.region = b.region
+	r.pool = b.pool
 	r.prev = id
 	r.next = b.next
 	if b.next != NoBlock {
@@ -309,14 +323,18 @@ func (h *Heap) BeginRelease(id BlockID, off, n uint64) (BlockID, error) {
 		return NoBlock, err
 	}
 	l := h.list(b)
-	h.leave(b)
+	if h.splitHook != nil {
+		h.leave(b)
+	}
 	h.remove(l, id, b)
 	mid, lo, hi := h.carve(id, b, off, n)
 	for _, x := range [2]BlockID{lo, hi} {
 		if x != NoBlock {
 			xb := h.rec(x)
 			h.insert(l, x, xb)
-			h.enter(xb)
+			if h.splitHook != nil {
+				h.enter(xb)
+			}
 		}
 	}
 	h.rec(mid).state = Releasing
