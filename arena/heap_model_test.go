@@ -227,7 +227,7 @@ func (x *harness) expectErr(op string, err, want error) {
 
 func (x *harness) step() {
 	h, m := x.h, &x.m
-	switch op := x.c.intn(14); op {
+	switch op := x.c.intn(16); op {
 	case 0: // add a region
 		if len(m.regions) >= 6 {
 			break
@@ -409,7 +409,14 @@ func (x *harness) step() {
 		id := x.id(b.addr)
 		before := x.dump()
 		var err error
-		switch x.c.intn(6) {
+		switch x.c.intn(7) {
+		case 6:
+			if b.state != Free {
+				_, err = h.AdoptRange(id, 0, unit, x.streams[0])
+				x.expectErr("AdoptRange", err, ErrBadState)
+			} else if _, err = h.AdoptRange(id, 0, 1<<40, x.streams[0]); !errors.Is(err, ErrBadState) {
+				x.expectErr("AdoptRange past the region", err, ErrBadRange)
+			}
 		case 0:
 			err = h.Alloc(id, b.size+unit, 1)
 			if b.state == Free {
@@ -456,6 +463,54 @@ func (x *harness) step() {
 		if after := x.dump(); after != before {
 			x.fail("a failed operation changed the heap:\nbefore %s\nafter  %s", before, after)
 		}
+	case 14: // move every block of one stream to another
+		from := x.streams[x.c.intn(len(x.streams))]
+		to := x.streams[x.c.intn(len(x.streams))]
+		if err := h.MoveStream(from, to); err != nil {
+			x.fail("MoveStream: %v", err)
+		}
+		for _, r := range m.regions {
+			for i := range r.blocks {
+				if r.blocks[i].stream == from {
+					r.blocks[i].stream = to
+				}
+			}
+			r.normalize()
+		}
+	case 15: // adopt a range of a run of free blocks
+		r, i, ok := x.pick(Free)
+		if !ok {
+			break
+		}
+		j := i + 1
+		run := r.blocks[i].size
+		for j < len(r.blocks) && r.blocks[j].state == Free && x.c.intn(3) > 0 {
+			run += r.blocks[j].size
+			j++
+		}
+		off := uint64(x.c.intn(int(r.blocks[i].size/unit))) * unit
+		n := x.units(run - off)
+		sid := x.streams[x.c.intn(len(x.streams))]
+		start := r.blocks[i].addr
+		if _, err := h.AdoptRange(x.id(start), off, n, sid); err != nil {
+			x.fail("AdoptRange: %v", err)
+		}
+		lo, hi := start+uintptr(off), start+uintptr(off+n)
+		for k := 0; k < len(r.blocks); k++ {
+			b := r.blocks[k]
+			if b.addr+uintptr(b.size) <= lo || b.addr >= hi {
+				continue
+			}
+			if b.addr < lo {
+				r.cut(k, uint64(lo-b.addr))
+				continue // the next iteration sees the upper part
+			}
+			if b.addr+uintptr(b.size) > hi {
+				r.cut(k, uint64(hi-b.addr))
+			}
+			r.blocks[k].stream = sid
+		}
+		r.normalize()
 	}
 	x.compare()
 }

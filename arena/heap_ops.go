@@ -427,3 +427,112 @@ func (h *Heap) UnmappedLen(pool uint8) int {
 	}
 	return h.unmapped[pool].Len()
 }
+
+// MoveStream relabels every block of stream from (Free, Allocated,
+// PendingFree or Releasing) as stream to's, merging the Free ones with
+// to's Free neighbours: the memory of a stream that is going away passes
+// to another owner. It walks every region.
+func (h *Heap) MoveStream(from, to StreamID) error {
+	if _, err := h.streamRec(from); err != nil {
+		return err
+	}
+	if _, err := h.streamRec(to); err != nil {
+		return err
+	}
+	if from == to || h.streams[from].blocks == 0 {
+		return nil
+	}
+	for _, rid := range h.order {
+		for id := h.regions[rid].head; id != NoBlock; {
+			b := h.rec(id)
+			if b.stream != from {
+				id = b.next
+				continue
+			}
+			if b.state == Free {
+				if h.splitHook != nil {
+					h.leave(b)
+				}
+				h.remove(h.list(b), id, b)
+			}
+			h.streams[from].blocks--
+			h.streams[to].blocks++
+			b.stream = to
+			if b.state == Free {
+				id = h.coalesceInsert(id, b)
+				b = h.rec(id)
+			}
+			id = b.next
+		}
+	}
+	return nil
+}
+
+// AdoptRange gives the n bytes at offset off of Free block start, and the
+// Free blocks after it that the range runs into (of any streams), to
+// stream sid: the parts inside the range leave their streams' free indexes
+// and become one Free block of sid, merged with sid's Free neighbours,
+// which it returns; the parts outside stay with their streams. Every block
+// the range touches must be Free.
+func (h *Heap) AdoptRange(start BlockID, off, n uint64, sid StreamID) (BlockID, error) {
+	b, ok := h.valid(start)
+	if !ok || b.state != Free {
+		return NoBlock, h.badState(start, "AdoptRange", Free)
+	}
+	if _, err := h.streamRec(sid); err != nil {
+		return NoBlock, err
+	}
+	if n == 0 || off >= b.size {
+		return NoBlock, fmt.Errorf("%w: AdoptRange of [%d, +%d) from a block of %d bytes", ErrBadRange, off, n, b.size)
+	}
+	pos := b.addr + uintptr(off)
+	end := pos + uintptr(n)
+	if end < pos {
+		return NoBlock, fmt.Errorf("%w: AdoptRange of %d bytes wraps", ErrBadRange, n)
+	}
+	for x := b; x.end() < end; {
+		if x.next == NoBlock {
+			return NoBlock, fmt.Errorf("%w: AdoptRange runs past the region's end at %#x", ErrBadRange, x.end())
+		}
+		x = h.rec(x.next)
+		if x.state != Free {
+			return NoBlock, fmt.Errorf("%w: AdoptRange runs into a %s block at %#x", ErrBadState, x.state, x.addr)
+		}
+	}
+	if err := h.room(2); err != nil {
+		return NoBlock, err
+	}
+	first := NoBlock
+	for id := start; id != NoBlock && h.rec(id).addr < end; {
+		x := h.rec(id)
+		if h.splitHook != nil {
+			h.leave(x)
+		}
+		h.remove(h.list(x), id, x)
+		piece, p := id, x
+		if x.addr < pos { // the part below the range stays
+			piece, p = h.splitAt(id, x, uint64(pos-x.addr))
+			h.insert(h.list(x), id, x)
+			if h.splitHook != nil {
+				h.enter(x)
+			}
+		}
+		if p.end() > end { // the part above the range stays
+			hid, hb := h.splitAt(piece, p, uint64(end-p.addr))
+			h.insert(h.list(hb), hid, hb)
+			if h.splitHook != nil {
+				h.enter(hb)
+			}
+		}
+		h.streams[p.stream].blocks--
+		h.streams[sid].blocks++
+		p.stream = sid
+		if first == NoBlock {
+			first = piece
+		} else {
+			h.absorbNext(first, h.rec(first)) // first ends where piece begins
+		}
+		id = h.rec(first).next
+	}
+	return h.coalesceInsert(first, h.rec(first)), nil
+}
