@@ -19,38 +19,54 @@ import (
 // allocator does), and the cache-hit path holds it for tens of
 // nanoseconds.
 type Allocator struct {
-	drv      backend.Driver
-	cfg      Config
-	dev      int
-	total    uint64 // device capacity, nbytes
-	gran     uint64 // driver MINIMUM granularity: the unit of mapping, nbytes
-	allowed  uint64 // reserved-memory cap from the memory fraction, nbytes
-	defaultS backend.Stream
+	drv     backend.Driver
+	cfg     Config
+	dev     int
+	total   uint64 // device capacity, nbytes
+	gran    uint64 // driver MINIMUM granularity: the unit of mapping, nbytes
+	allowed uint64 // reserved-memory cap from the memory fraction, nbytes
 
 	mu       sync.Mutex
+	defaultS backend.Stream                  // the default stream; 0 once Close destroyed it; mu
 	closed   bool                            // guarded by mu
 	live     ptrTable                        // allocated blocks by address; mu
-	streams  map[backend.Stream]*streamState // validated streams; mu
+	streams  map[backend.Stream]*streamState // validated streams in use; mu
+	idle     *streamState                    // owner of memory of released streams (see streams.go); mu
+	vanished map[backend.Stream]*streamState // streams destroyed behind the allocator's back; mu
+	busy     []*streamState                  // streams with queued events, any order; mu
+	stranded []*arena.Block                  // PendingFree blocks waiting on a vanished stream's work; mu
 	lastS    *streamState                    // most recently used stream; mu
-	pools    [2]pool                         // small, large; mu
-	segs     []*seg                          // every segment, ascending base; mu
-	pending  int                             // blocks in PendingFree; mu
-	events   []backend.Event                 // idle events for reuse; mu
-	bpool    arena.BlockPool                 // recycled block headers; mu
-	st       stats.DeviceStats               // mu
-	counters segment.Counters                // driver-call figures shared by segments; mu
-	scratch  []*arena.Block                  // reusable slice for release walks; mu
+	spare    []*streamState                  // empty states of released streams for reuse, at most maxSpareStates; mu
+	// keepEmpty keeps empty expandable reservations while a released
+	// stream's memory is returned, for the next stream to map into; mu.
+	keepEmpty bool
+	pools     [2]pool           // small, large; mu
+	segs      []*seg            // every segment, ascending base; mu
+	pending   int               // blocks in PendingFree; mu
+	events    []backend.Event   // idle events for reuse; mu
+	bpool     arena.BlockPool   // recycled block headers; mu
+	st        stats.DeviceStats // mu
+	counters  segment.Counters  // driver-call figures shared by segments; mu
+	scratch   []*arena.Block    // reusable slice for release walks; mu
+	hist      *history          // memory history (history.go); nil when off; mu
 
 	zombies        []*zombie        // dropped segments still holding driver state; mu
 	scratchEvents  []pendingEvent   // reusable slice for insertEvents; mu
 	scratchStreams []backend.Stream // reusable slice for insertEvents; mu
 }
 
-// streamState is the per-stream part of the allocator.
+// streamState is the per-stream part of the allocator. The allocator's
+// mutex guards every field.
 type streamState struct {
-	stream backend.Stream
-	free   [2]*arena.FreeList // free mapped blocks of this stream, per pool
-	queue  []pendingEvent     // events recorded on this stream, oldest first
+	stream  backend.Stream
+	free    [2]*arena.FreeList // free mapped blocks of this stream, per pool
+	queue   []pendingEvent     // events recorded on this stream, oldest first
+	busyIdx int                // index in Allocator.busy while queue is not empty, else -1
+	active  int                // Allocated and PendingFree blocks of this stream
+	// idle: an event recorded on the stream was found complete and no
+	// block has been freed to it since, so every block in its free lists
+	// may go to another stream (reclaim.go). Cleared by freeBlock.
+	idle bool
 }
 
 // pendingEvent is an event recorded on a stream that a PendingFree block
@@ -114,13 +130,15 @@ func New(drv backend.Driver, cfg Config) (*Allocator, error) {
 		return nil, err
 	}
 	a := &Allocator{
-		drv:     drv,
-		cfg:     cfg,
-		dev:     cfg.Device,
-		total:   total,
-		gran:    gran,
-		allowed: total,
-		streams: make(map[backend.Stream]*streamState),
+		drv:      drv,
+		cfg:      cfg,
+		dev:      cfg.Device,
+		total:    total,
+		gran:     gran,
+		allowed:  total,
+		streams:  make(map[backend.Stream]*streamState),
+		vanished: make(map[backend.Stream]*streamState),
+		idle:     newStreamState(idleStream),
 	}
 	if cfg.PerProcessMemoryFraction < 1 {
 		a.allowed = uint64(cfg.PerProcessMemoryFraction * float64(total))
@@ -152,14 +170,24 @@ func New(drv backend.Driver, cfg Config) (*Allocator, error) {
 }
 
 func newStreamState(s backend.Stream) *streamState {
-	return &streamState{stream: s, free: [2]*arena.FreeList{new(arena.FreeList), new(arena.FreeList)}}
+	return &streamState{stream: s, free: [2]*arena.FreeList{new(arena.FreeList), new(arena.FreeList)}, busyIdx: -1}
 }
 
 // Device is the device ordinal this allocator serves.
 func (a *Allocator) Device() int { return a.dev }
 
-// DefaultStream is the stream Malloc uses when given stream 0.
-func (a *Allocator) DefaultStream() backend.Stream { return a.defaultS }
+// DefaultStream is the stream Malloc uses when given stream 0; 0 once
+// Close has destroyed it.
+func (a *Allocator) DefaultStream() backend.Stream {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.defaultS
+}
+
+// Granularity is the driver's mapping granularity in bytes: the unit in
+// which the allocator maps and unmaps device memory, so the multiple that
+// OutOfMemoryError.Tried and reserved bytes are rounded to.
+func (a *Allocator) Granularity() uint64 { return a.gran }
 
 // Config returns the allocator's configuration.
 func (a *Allocator) Config() Config { return a.cfg }
@@ -180,6 +208,9 @@ func (a *Allocator) stream(s backend.Stream) (*streamState, error) {
 	}
 	ss, ok := a.streams[s]
 	if !ok {
+		if _, gone := a.vanished[s]; gone || s == idleStream {
+			return nil, fmt.Errorf("%w: stream %d was destroyed", ErrInvalidStream, s)
+		}
 		dev, err := a.drv.StreamDevice(s)
 		if err != nil {
 			return nil, fmt.Errorf("%w: stream %d: %w", ErrInvalidStream, s, err)
@@ -187,7 +218,7 @@ func (a *Allocator) stream(s backend.Stream) (*streamState, error) {
 		if dev != a.dev {
 			return nil, fmt.Errorf("%w: stream %d belongs to device %d, not %d", ErrInvalidStream, s, dev, a.dev)
 		}
-		ss = newStreamState(s)
+		ss = a.newState(s)
 		a.streams[s] = ss
 	}
 	a.lastS = ss
@@ -227,16 +258,16 @@ func (a *Allocator) poolFor(n uint64) *pool {
 // returns the device address. The memory may be used by work queued on
 // stream; use RecordStream before using it on another stream.
 func (a *Allocator) Malloc(size uint64, stream backend.Stream) (uintptr, error) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.closed {
+		return 0, ErrClosed
+	}
 	if size == 0 {
 		return 0, fmt.Errorf("%w: zero bytes", ErrInvalidSize)
 	}
 	if size > a.total {
 		return 0, fmt.Errorf("%w: %d bytes is larger than device %d's %d bytes", ErrInvalidSize, size, a.dev, a.total)
-	}
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	if a.closed {
-		return 0, ErrClosed
 	}
 	ss, err := a.stream(stream)
 	if err != nil {
@@ -250,10 +281,16 @@ func (a *Allocator) Malloc(size uint64, stream backend.Stream) (uintptr, error) 
 	b := a.bestFit(ss, p, rounded)
 	if b == nil {
 		if b, err = a.allocSlow(ss, p, rounded, size); err != nil {
+			if a.hist != nil {
+				a.histOOM(size, ss.stream, err)
+			}
 			return 0, err
 		}
 	}
 	a.allocFound(ss, p, b, rounded, size)
+	if a.hist != nil {
+		a.histAlloc(b, size)
+	}
 	return b.Addr, nil
 }
 
@@ -313,6 +350,7 @@ func (a *Allocator) allocFound(ss *streamState, p *pool, b *arena.Block, rounded
 	}
 	b.State = arena.Allocated
 	b.Requested = size
+	ss.active++
 	a.live.Put(b.Addr, b)
 	n := int64(b.Size)
 	a.st.Allocation.Inc(p.kind, 1)
@@ -334,6 +372,9 @@ func (a *Allocator) Free(ptr uintptr) error {
 	if a.closed {
 		return ErrClosed
 	}
+	if ptr == 0 || ptr%minBlockSize != 0 { // never handed out: no lookup
+		return a.badPointer(ptr)
+	}
 	b := a.live.Take(ptr)
 	if b == nil {
 		return a.badPointer(ptr)
@@ -343,6 +384,9 @@ func (a *Allocator) Free(ptr uintptr) error {
 			a.live.Put(ptr, b) // nothing changed
 			return err
 		}
+	}
+	if a.hist != nil {
+		a.histFreeRequested(b)
 	}
 	p := &a.pools[poolIdx(b)]
 	a.st.Allocation.Dec(p.kind, 1)
@@ -362,6 +406,15 @@ func (a *Allocator) Free(ptr uintptr) error {
 func poolIdx(b *arena.Block) int { return int(b.Region.Pool) }
 
 // badPointer classifies a pointer that is not a live allocation. mu held.
+//
+//   - ErrInteriorPointer: inside an allocated (or pending-free) block, not
+//     at its start;
+//   - ErrDoubleFree: the start of a pending-free block, or a 512-aligned
+//     address inside mapped free memory, where a block may have been
+//     handed out and freed already;
+//   - ErrUnknownPointer: everything that can never have been handed out:
+//     0, an address outside every reservation, one not 512-aligned, or
+//     one in the unmapped part of a reservation.
 func (a *Allocator) badPointer(ptr uintptr) error {
 	sg := a.segAt(ptr)
 	if sg == nil {
@@ -373,8 +426,12 @@ func (a *Allocator) badPointer(ptr uintptr) error {
 		return fmt.Errorf("%w: %#x", ErrUnknownPointer, ptr)
 	case b.Addr != ptr && (b.State == arena.Allocated || b.State == arena.PendingFree):
 		return fmt.Errorf("%w: %#x is %d bytes into the block at %#x", ErrInteriorPointer, ptr, ptr-b.Addr, b.Addr)
-	case b.State == arena.PendingFree && b.Addr == ptr:
+	case b.State == arena.PendingFree:
 		return fmt.Errorf("%w: %#x (free pending on stream events)", ErrDoubleFree, ptr)
+	case b.State == arena.Unmapped:
+		return fmt.Errorf("%w: %#x is in unmapped address space of the reservation at %#x", ErrUnknownPointer, ptr, sg.r.Base)
+	case ptr%minBlockSize != 0:
+		return fmt.Errorf("%w: %#x is not 512-byte aligned", ErrUnknownPointer, ptr)
 	default:
 		return fmt.Errorf("%w: %#x is not the start of an allocation", ErrDoubleFree, ptr)
 	}
@@ -394,8 +451,10 @@ func (a *Allocator) segAt(ptr uintptr) *seg {
 func (a *Allocator) freeBlock(b *arena.Block) {
 	ss := a.lastS // usually the stream just used
 	if ss == nil || ss.stream != b.Stream {
-		ss = a.streams[b.Stream]
+		ss = a.stateOf(b.Stream)
 	}
+	ss.idle = false
+	ss.active--
 	p := &a.pools[poolIdx(b)]
 	fl := ss.free[p.idx]
 	a.st.Active.Dec(p.kind, 1)
@@ -405,6 +464,9 @@ func (a *Allocator) freeBlock(b *arena.Block) {
 	b.Requested = 0
 	b.Uses = b.Uses[:0]
 	a.coalesceInsert(p, fl, b)
+	if ss == a.idle {
+		a.releaseIdle()
+	}
 }
 
 // coalesceInsert merges free block b (out of any list) with the free
@@ -443,6 +505,9 @@ func (a *Allocator) RecordStream(ptr uintptr, s backend.Stream) error {
 	if a.closed {
 		return ErrClosed
 	}
+	if ptr == 0 || ptr%minBlockSize != 0 { // never handed out: no lookup
+		return a.badPointer(ptr)
+	}
 	b := a.live.Get(ptr)
 	if b == nil {
 		return a.badPointer(ptr)
@@ -478,6 +543,7 @@ func (a *Allocator) statsLocked() stats.DeviceStats {
 	s.HandlesFreed = a.counters.HandlesFreed
 	s.HandlesReused = a.counters.HandlesReused
 	s.NumStreamSyncs = a.counters.StreamSyncs
+	s.StrandedBytes = int64(a.strandedBytes())
 	return s
 }
 
@@ -518,8 +584,13 @@ func (a *Allocator) MemoryReserved() uint64 {
 
 // Close synchronises, unmaps and releases everything the allocator holds,
 // including blocks still allocated, and destroys its events and default
-// stream. Later calls return ErrClosed. If a driver call fails, Close
-// returns the error and a later Close retries what is left.
+// stream. Later calls of every method return ErrClosed. If a driver call
+// fails, Close returns the error and a later Close retries what is left.
+//
+// Streams destroyed without ReleaseStream are waited for with a device
+// synchronize where the driver can do one; where it cannot, Close releases
+// their memory regardless: closing the allocator vouches that the device's
+// work on its memory is done.
 func (a *Allocator) Close() error {
 	a.mu.Lock()
 	defer a.mu.Unlock()
@@ -529,22 +600,30 @@ func (a *Allocator) Close() error {
 	a.closed = true
 	var errs []error
 	for _, ss := range a.sortedStreams() {
-		if ss.stream == 0 {
-			continue
-		}
 		a.counters.StreamSyncs++
-		if err := a.drv.StreamSynchronize(ss.stream); err != nil && !errors.Is(err, backend.ErrInvalidArgument) {
-			// A stream the caller destroyed has nothing left to wait for.
-			errs = append(errs, err)
+		if err := a.drv.StreamSynchronize(ss.stream); err != nil {
+			if !a.streamGone(ss.stream) {
+				errs = append(errs, err)
+				continue
+			}
+			a.vanish(ss)
 		}
-		for _, pe := range ss.queue {
-			a.events = append(a.events, pe.ev)
-		}
-		ss.queue = nil
+	}
+	if err := a.quiesce(); err != nil && !errors.Is(err, errNoDeviceSync) {
+		errs = append(errs, err)
 	}
 	if len(errs) > 0 {
 		return errors.Join(errs...)
 	}
+	a.eachState(func(ss *streamState) {
+		for _, pe := range ss.queue {
+			a.events = append(a.events, pe.ev)
+		}
+		ss.queue = nil
+		ss.busyIdx = -1
+	})
+	a.busy = nil
+	a.stranded = nil
 	a.pending = 0
 	for len(a.segs) > 0 {
 		sg := a.segs[len(a.segs)-1]

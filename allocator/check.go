@@ -23,7 +23,9 @@ var ErrCorrupt = errors.New("vmmalloc: invariant violated")
 //     holds blocks of one stream only;
 //   - the free lists hold exactly the free blocks, the unmapped sets exactly
 //     the unmapped blocks, the live map exactly the allocated blocks;
-//   - pending events match the pending-free blocks;
+//   - pending events match the pending-free blocks, the busy list exactly
+//     the streams with queued events, and each stream's active count its
+//     allocated and pending-free blocks;
 //   - the statistics equal a recount;
 //   - when the driver can list its state (backend.Introspector, as the
 //     emulated driver can), its reservations, this device's mappings and
@@ -33,6 +35,9 @@ var ErrCorrupt = errors.New("vmmalloc: invariant violated")
 func (a *Allocator) Check() error {
 	a.mu.Lock()
 	defer a.mu.Unlock()
+	if a.closed {
+		return ErrClosed
+	}
 	if err := a.check(); err != nil {
 		return err
 	}
@@ -51,6 +56,7 @@ func (a *Allocator) check() error {
 	var nFree [2]int
 	var nUnmapped [2]int
 	nLive, nEvents := 0, 0
+	active := map[*streamState]int{}
 	for i, sg := range a.segs {
 		if i > 0 && a.segs[i-1].r.End() > sg.r.Base {
 			return corrupt("segments %#x and %#x overlap or are unordered", a.segs[i-1].r.Base, sg.r.Base)
@@ -105,14 +111,14 @@ func (a *Allocator) check() error {
 						return corrupt("a physical handle holds blocks of streams %d and %d (at %#x)", prev.Stream, b.Stream, b.Addr)
 					}
 				}
-				if _, ok := a.streams[b.Stream]; !ok {
+				if a.stateOf(b.Stream) == nil {
 					return corrupt("block %#x on unknown stream %d", b.Addr, b.Stream)
 				}
 			}
 			n := int64(b.Size)
 			switch b.State {
 			case arena.Free:
-				ss := a.streams[b.Stream]
+				ss := a.stateOf(b.Stream)
 				if !ss.free[p.idx].Contains(b) {
 					return corrupt("free block %#x not in stream %d's %s free list", b.Addr, b.Stream, p.kind)
 				}
@@ -131,6 +137,7 @@ func (a *Allocator) check() error {
 				if b.InList() {
 					return corrupt("%s block %#x is in a free list", b.State, b.Addr)
 				}
+				active[a.stateOf(b.Stream)]++
 				want.Active.Add(p.kind, 1)
 				want.ActiveBytes.Add(p.kind, n)
 				want.RequestedBytes.Add(p.kind, int64(b.Requested))
@@ -190,29 +197,60 @@ func (a *Allocator) check() error {
 			return corrupt("%s unmapped set holds %d blocks, segments %d", a.pools[i].kind, a.pools[i].unmapped.Len(), nUnmapped[i])
 		}
 		listed := 0
-		for _, ss := range a.streams {
-			listed += ss.free[i].Len()
-		}
+		a.eachState(func(ss *streamState) { listed += ss.free[i].Len() })
 		if listed != nFree[i] {
 			return corrupt("%s free lists hold %d blocks, segments %d free", a.pools[i].kind, listed, nFree[i])
 		}
 	}
-	queued := 0
-	for _, ss := range a.streams {
+	queued, nBusy := 0, 0
+	var stateErr error
+	a.eachState(func(ss *streamState) {
 		queued += len(ss.queue)
-	}
-	if queued != nEvents {
-		return corrupt("%d events queued, blocks wait on %d", queued, nEvents)
-	}
-	pendingBlocks := 0
-	for _, ss := range a.streams {
+		if len(ss.queue) > 0 {
+			nBusy++
+			if ss.busyIdx < 0 || ss.busyIdx >= len(a.busy) || a.busy[ss.busyIdx] != ss {
+				stateErr = corrupt("stream %d has queued events but is not in the busy list", ss.stream)
+			}
+		} else if ss.busyIdx >= 0 {
+			stateErr = corrupt("stream %d has no queued events but is in the busy list", ss.stream)
+		}
+		if ss.active != active[ss] {
+			stateErr = corrupt("stream %d counts %d active blocks, segments %d", ss.stream, ss.active, active[ss])
+		}
 		for _, pe := range ss.queue {
 			if pe.b.State != arena.PendingFree {
-				return corrupt("event waits on %s block %#x", pe.b.State, pe.b.Addr)
+				stateErr = corrupt("event waits on %s block %#x", pe.b.State, pe.b.Addr)
 			}
-			_ = ss
+		}
+	})
+	if stateErr != nil {
+		return stateErr
+	}
+	if nBusy != len(a.busy) {
+		return corrupt("busy list holds %d streams, %d have queued events", len(a.busy), nBusy)
+	}
+	for id, ss := range a.vanished {
+		if _, ok := a.streams[id]; ok || ss.stream != id {
+			return corrupt("vanished stream %d is also in use, or mislabelled (%d)", id, ss.stream)
 		}
 	}
+	for _, ss := range a.spare {
+		if ss.active != 0 || ss.busyIdx >= 0 || ss.free[0].Len()+ss.free[1].Len() != 0 {
+			return corrupt("a spare stream state is not empty")
+		}
+	}
+	if ds := a.idle; ds.stream != idleStream || len(ds.queue) != 0 {
+		return corrupt("the idle owner has stream %d and %d queued events", ds.stream, len(ds.queue))
+	}
+	for _, b := range a.stranded {
+		if b.State != arena.PendingFree {
+			return corrupt("stranded block %#x is %s", b.Addr, b.State)
+		}
+	}
+	if queued != nEvents-len(a.stranded) { // a stranded block counts one phantom event
+		return corrupt("%d events queued, blocks wait on %d (%d stranded)", queued, nEvents, len(a.stranded))
+	}
+	pendingBlocks := 0
 	for _, sg := range a.segs {
 		for b := sg.r.Head; b != nil; b = b.Next {
 			if b.State == arena.PendingFree {
@@ -345,6 +383,10 @@ func (a *Allocator) checkDriver(in backend.Introspector) error {
 func (a *Allocator) Snapshot() stats.Snapshot {
 	a.mu.Lock()
 	defer a.mu.Unlock()
+	return a.snapshotLocked()
+}
+
+func (a *Allocator) snapshotLocked() stats.Snapshot {
 	var s stats.Snapshot
 	for _, sg := range a.segs {
 		si := stats.SegmentInfo{
@@ -359,6 +401,7 @@ func (a *Allocator) Snapshot() stats.Snapshot {
 				si.AllocatedSize += b.Size
 				si.ActiveSize += b.Size
 				si.RequestedSize += b.Requested
+				bi.Stack = a.blockStack(b)
 			case arena.PendingFree:
 				bi.State = stats.BlockActivePendingFree
 				si.ActiveSize += b.Size

@@ -5,6 +5,7 @@ import (
 	"math"
 	"math/bits"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 )
@@ -78,7 +79,16 @@ type Config struct {
 	// 2 × MaxSegmentsPerPool × 9/8 × device memory, whatever the number of
 	// streams. Key: max_segments_per_pool.
 	MaxSegmentsPerPool int
+	// Backend names the driver a program should open (backend/drivers):
+	// "native", PyTorch's value and the default, leaves the choice to the
+	// program (the CLI opens the emulator); "emulated", "cuda" or "acl"
+	// names one. The allocator itself runs over whatever driver it is given.
+	// Key: backend.
+	Backend string
 }
+
+// Backends are the values the backend key accepts.
+var Backends = []string{"native", "emulated", "cuda", "acl"}
 
 // DefaultConfig is the configuration used when nothing is set.
 func DefaultConfig() Config {
@@ -92,6 +102,7 @@ func DefaultConfig() Config {
 		HandleCacheSize:          256 * mib,
 		MaxSegmentsPerPool:       2,
 		DefragThreshold:          0.01,
+		Backend:                  "native",
 	}
 }
 
@@ -99,10 +110,20 @@ func DefaultConfig() Config {
 func ConfigFromEnv() (Config, error) { return ParseConfig(os.Getenv(EnvVar)) }
 
 // ParseConfig parses a PYTORCH_CUDA_ALLOC_CONF-style string of
-// comma-separated key:value pairs over DefaultConfig. An unknown key or a
-// bad value is an error wrapping ErrInvalidConfig that names it.
+// comma-separated key:value pairs over DefaultConfig. An unknown key, a
+// bad value, or a key set twice (PyTorch silently keeps the last) is an
+// error wrapping ErrInvalidConfig that names it.
 func ParseConfig(s string) (Config, error) {
-	c := DefaultConfig()
+	return ParseConfigOver(DefaultConfig(), s)
+}
+
+// ParseConfigOver parses s like ParseConfig, but over base instead of the
+// defaults: keys s sets replace base's values, the rest of base stays (a
+// command line's --config over $VMMALLOC_CONF). A key set twice within s is
+// still an error. It returns the zero Config with any error.
+func ParseConfigOver(base Config, s string) (Config, error) {
+	c := base
+	seen := make(map[string]bool)
 	for _, kv := range splitTop(s) {
 		kv = strings.TrimSpace(kv)
 		if kv == "" {
@@ -113,6 +134,12 @@ func ParseConfig(s string) (Config, error) {
 		if !ok || v == "" {
 			return Config{}, fmt.Errorf("%w: %q has no value (want key:value)", ErrInvalidConfig, k)
 		}
+		if seen[k] {
+			// PyTorch lets the last one win silently; a key set twice is
+			// almost always two configurations pasted together.
+			return Config{}, fmt.Errorf("%w: %s is set more than once", ErrInvalidConfig, k)
+		}
+		seen[k] = true
 		if err := c.set(k, v); err != nil {
 			return Config{}, err
 		}
@@ -220,9 +247,10 @@ func (c *Config) set(k, v string) error {
 	case "roundup_power2_divisions":
 		return c.setRoundup(k, v)
 	case "backend":
-		if v != "native" {
-			return badValue(k, v, "only native is supported")
+		if !slices.Contains(Backends, v) {
+			return badValue(k, v, "want one of "+strings.Join(Backends, ", "))
 		}
+		c.Backend = v
 	default:
 		return fmt.Errorf("%w: unknown key %q", ErrInvalidConfig, k)
 	}
@@ -344,6 +372,9 @@ func (c Config) String() string {
 		b.WriteString(",defrag_threshold:off")
 	} else {
 		fmt.Fprintf(b, ",defrag_threshold:%g", c.DefragThreshold)
+	}
+	if c.Backend != "" && c.Backend != "native" {
+		fmt.Fprintf(b, ",backend:%s", c.Backend)
 	}
 	if c.GarbageCollectionThreshold != 0 {
 		fmt.Fprintf(b, ",garbage_collection_threshold:%g", c.GarbageCollectionThreshold)

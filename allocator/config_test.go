@@ -44,7 +44,10 @@ func TestParseConfig(t *testing.T) {
 		{"max_segments_per_pool:1,handle_cache_mb:0,backend:native", func(t *testing.T, c Config) {
 			assert.Equal(t, 1, c.MaxSegmentsPerPool)
 			assert.Zero(t, c.HandleCacheSize)
+			assert.Equal(t, "native", c.Backend)
 		}},
+		{"backend:cuda", func(t *testing.T, c Config) { assert.Equal(t, "cuda", c.Backend) }},
+		{"backend:emulated", func(t *testing.T, c Config) { assert.Equal(t, "emulated", c.Backend) }},
 	}
 	for _, c := range cases {
 		t.Run(c.in, func(t *testing.T) {
@@ -101,4 +104,37 @@ func TestConfigFromEnv(t *testing.T) {
 	t.Setenv(EnvVar, "nope:1")
 	_, err = ConfigFromEnv()
 	assert.ErrorIs(t, err, ErrInvalidConfig)
+}
+
+// TestParseConfigDuplicateKey: a key set twice is an error naming the key,
+// whatever the two values (issue 7 §3).
+func TestParseConfigDuplicateKey(t *testing.T) {
+	for _, tc := range []struct{ in, key string }{
+		{"max_split_size_mb:128,max_split_size_mb:128", "max_split_size_mb"},
+		{"expandable_segments:True, expandable_segments :False", "expandable_segments"},
+		{"roundup_power2_divisions:[256:1,>:8],garbage_collection_threshold:0.5,roundup_power2_divisions:4", "roundup_power2_divisions"},
+	} {
+		t.Run(tc.in, func(t *testing.T) {
+			c, err := ParseConfig(tc.in)
+			require.ErrorIs(t, err, ErrInvalidConfig)
+			assert.Contains(t, err.Error(), tc.key)
+			assert.Contains(t, err.Error(), "more than once")
+			assert.Equal(t, Config{}, c)
+		})
+	}
+}
+
+func TestParseConfigOver(t *testing.T) {
+	base, err := ParseConfig("expandable_segments:False,max_split_size_mb:64")
+	require.NoError(t, err)
+	c, err := ParseConfigOver(base, "max_split_size_mb:128")
+	require.NoError(t, err)
+	assert.False(t, c.ExpandableSegments, "a key s leaves alone keeps base's value")
+	assert.Equal(t, uint64(128<<20), c.MaxSplitSize, "a key s sets wins")
+	_, err = ParseConfigOver(base, "max_split_size_mb:128,max_split_size_mb:256")
+	require.ErrorIs(t, err, ErrInvalidConfig)
+	assert.Contains(t, err.Error(), "max_split_size_mb is set more than once")
+	zero, err := ParseConfigOver(base, "bogus:1")
+	require.ErrorIs(t, err, ErrInvalidConfig)
+	assert.Equal(t, Config{}, zero)
 }

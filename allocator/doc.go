@@ -39,7 +39,11 @@
 // handle belongs to that stream; once the stream's blocks in a handle are
 // all free they coalesce, and the handle can be unmapped after
 // synchronising only that stream. Unmapped address space belongs to no
-// stream, so every stream of a pool shares one reservation.
+// stream, so every stream of a pool shares one reservation. Before a pool
+// grows, free handles of other streams whose queued work has completed (a
+// non-blocking event query says so) change hands where they are mapped, or
+// are unmapped and remapped where the heap grows (reclaim.go), so many
+// streams reserve about the peak of their sum, not the sum of their peaks.
 //
 // # Address-space budget
 //
@@ -77,6 +81,41 @@
 // expandable mode it is ignored: splitting an expandable block strands no
 // memory, since its free handles can always be unmapped; honouring it there is
 // what made reserved memory grow without bound in pytorch#193400.
+//
+// # Stream lifecycle
+//
+// A stream is learnt on first use and its state (free lists, queued events)
+// kept until ReleaseStream(s), which waits for s, returns its free memory
+// and forgets it; call it before destroying a stream. Memory still
+// allocated on a released stream is relabelled to an internal idle owner
+// and returned as it is freed. A stream destroyed without ReleaseStream is
+// noticed when a driver call on it fails; its memory is reused or unmapped
+// only after a device-wide synchronize (backend.DeviceSynchronizer) shows
+// its work complete, and is counted as stranded (DeviceStats.StrandedBytes,
+// OutOfMemoryError.Stranded) where the driver cannot do one. Events are
+// polled only on streams that have some queued, so the work per call does
+// not grow with the streams ever used. streams.go has the details.
+//
+// # Errors
+//
+// Every error wraps a sentinel (errors.Is). Bad input changes nothing and
+// makes no driver call. After Close every method returns ErrClosed before
+// looking at its arguments. A pointer that is not a live allocation is
+// ErrInteriorPointer inside an allocated block, ErrDoubleFree at a
+// pending-free block or a 512-aligned address in mapped free memory (where
+// a block may have been freed), and ErrUnknownPointer anywhere else: 0, an
+// unaligned address, outside every reservation, or in the unmapped part of
+// one. A config string that sets a key twice is refused.
+//
+// # Memory history
+//
+// RecordHistory (off by default) keeps a ring of alloc, free_requested,
+// free_completed, segment map/unmap/alloc/free, empty_cache and oom
+// entries, optionally with the Go call stack of each Malloc and Free
+// caller (history.go). MemorySnapshot pairs it with the segments for
+// PyTorch's memory viewer (package stats/memviz), and MemProfile feeds the
+// pprof profile of package allocator/devprof. When off, the cache-hit path
+// pays one nil check in Malloc and one in Free.
 //
 // # Concurrency
 //

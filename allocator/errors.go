@@ -33,6 +33,7 @@ type OutOfMemoryError struct {
 	Allowed     uint64 // cap from per_process_memory_fraction; 0 = none
 	Allocated   uint64 // bytes in allocated blocks
 	Reserved    uint64 // bytes mapped by this allocator
+	Stranded    uint64 // of Reserved, bytes held for streams destroyed without ReleaseStream (see ReleaseStream)
 	Cause       error  // the driver error or address-space exhaustion, if any
 	AddrSpaceVA bool   // true when the address-space budget, not memory, ran out
 }
@@ -45,6 +46,9 @@ func (e *OutOfMemoryError) Error() string {
 	}
 	s += fmt.Sprintf("Of the allocated memory %s is allocated by vmmalloc, and %s is reserved by vmmalloc but unallocated.",
 		humanize.IBytes(e.Allocated), humanize.IBytes(e.Reserved-e.Allocated))
+	if e.Stranded != 0 {
+		s += fmt.Sprintf(" %s is stranded on streams destroyed without ReleaseStream.", humanize.IBytes(e.Stranded))
+	}
 	if e.AddrSpaceVA {
 		s += " The virtual address budget (max_segments_per_pool) is exhausted."
 	}

@@ -2,6 +2,7 @@ package allocator_test
 
 import (
 	"fmt"
+	"runtime"
 
 	"github.com/vmmalloc/vmmalloc/allocator"
 	"github.com/vmmalloc/vmmalloc/backend/emulated"
@@ -38,4 +39,29 @@ func ExampleParseConfig() {
 	// Output:
 	// false 128 <nil>
 	// vmmalloc: invalid config: max_split_size_mb: bad value "lots": want a whole number of MiB
+}
+
+// ExampleAllocator_RecordHistory records alloc and free events with the
+// Go call stack of each Malloc caller.
+func ExampleAllocator_RecordHistory() {
+	drv, _ := emulated.New(emulated.WithCapacity(8 << 30))
+	a, _ := allocator.New(drv, allocator.DefaultConfig())
+	defer a.Close()
+	_ = a.RecordHistory(allocator.HistoryOptions{MaxEntries: 1000, Stacks: true})
+
+	p, _ := a.Malloc(1<<20, 0)
+	_ = a.Free(p)
+
+	h, _ := a.History()
+	for _, e := range h.Entries {
+		fmt.Println(e.Action, e.Size, e.Stack != 0)
+	}
+	f, _ := runtime.CallersFrames(h.Stacks[h.Entries[1].Stack-1]).Next()
+	fmt.Println("allocated by", f.Function)
+	// Output:
+	// segment_map 2097152 false
+	// alloc 1048576 true
+	// free_requested 1048576 true
+	// free_completed 1048576 false
+	// allocated by github.com/vmmalloc/vmmalloc/allocator_test.ExampleAllocator_RecordHistory
 }

@@ -46,11 +46,10 @@ func (a *Allocator) allocSlow(ss *streamState, p *pool, rounded, size uint64) (*
 		}
 	}
 	// Rung 2: wait for every pending event, release every free handle and
-	// segment, then retry.
+	// segment (what can be: a failure on one stream does not stop the
+	// others), then retry whatever the release reported.
 	a.st.NumAllocRetries++
-	if rerr := a.releaseAll(); rerr != nil && !isOOM(rerr) {
-		return nil, rerr
-	}
+	rerr := a.releaseAll()
 	if b = a.bestFit(ss, p, rounded); b != nil {
 		return b, nil
 	}
@@ -67,6 +66,7 @@ func (a *Allocator) allocSlow(ss *streamState, p *pool, rounded, size uint64) (*
 		Free:      free,
 		Allocated: uint64(a.st.AllocatedBytes[0].Current),
 		Reserved:  uint64(a.st.ReservedBytes[0].Current),
+		Stranded:  a.strandedBytes(),
 	}
 	if a.allowed < a.total {
 		oom.Allowed = a.allowed
@@ -75,6 +75,9 @@ func (a *Allocator) allocSlow(ss *streamState, p *pool, rounded, size uint64) (*
 		oom.AddrSpaceVA = true
 	} else {
 		oom.Cause = err
+	}
+	if rerr != nil && !isOOM(rerr) {
+		oom.Cause = errors.Join(oom.Cause, rerr) // what the release could not do
 	}
 	return nil, oom
 }
@@ -134,6 +137,7 @@ func (a *Allocator) growClassic(ss *streamState, p *pool, rounded uint64) (*aren
 	a.addSeg(sg)
 	a.st.Segment.Add(p.kind, 1)
 	a.st.ReservedBytes.Add(p.kind, int64(s.MappedBytes()))
+	a.histReserve(true, s.Base(), int64(s.MappedBytes()), ss.stream)
 	if a.cfg.MaxSplitSize != 0 && s.Size() >= a.cfg.MaxSplitSize {
 		a.st.OversizeSegments.Add(1)
 	}
@@ -147,6 +151,11 @@ func (a *Allocator) growClassic(ss *streamState, p *pool, rounded uint64) (*aren
 // budget allows. mu held.
 func (a *Allocator) growExpandable(ss *streamState, p *pool, rounded uint64) (*arena.Block, error) {
 	if a.cfg.DefragThreshold >= 0 {
+		if b := a.adoptFromStreams(ss, p, rounded); b != nil {
+			return b, nil // another stream's idle handles, mapped where they are
+		}
+		defer a.holdForGrowth(p, rounded)() // handles unmapped now are remapped below
+		a.reclaimBeforeGrow(ss, p, rounded) // other streams first: no wait
 		a.defragBeforeGrow(ss, p, rounded)
 	}
 	fl := ss.free[p.idx]
@@ -217,6 +226,7 @@ func (a *Allocator) growExpandable(ss *streamState, p *pool, rounded uint64) (*a
 	u.State = arena.Free
 	u.Stream = ss.stream
 	a.st.ReservedBytes.Add(p.kind, int64(mapLen))
+	a.histReserve(false, u.Addr, int64(mapLen), ss.stream)
 	b := u
 	if mergeable(b.Prev) {
 		prev := b.Prev
@@ -286,6 +296,7 @@ func (a *Allocator) adoptStrayMappings(ss *streamState, p *pool, sg *seg, u *are
 		}
 		piece.State, piece.Stream = arena.Free, ss.stream
 		a.st.ReservedBytes.Add(p.kind, int64(r.Len))
+		a.histReserve(false, piece.Addr, int64(r.Len), ss.stream)
 		a.coalesceInsert(p, ss.free[p.idx], piece)
 		if r.Off == lo0 {
 			return
@@ -305,16 +316,18 @@ func (a *Allocator) addSeg(sg *seg) {
 // adjusting statistics; mapped is the bytes it had mapped. mu held.
 func (a *Allocator) dropSeg(sg *seg, mapped uint64) {
 	p := sg.pool
+	a.histReserve(!sg.expandable, sg.r.Base, -int64(mapped), sg.r.Head.Stream)
 	for b := sg.r.Head; b != nil; {
 		next := b.Next
 		switch b.State {
 		case arena.Free:
 			a.countInactive(p, b, -1)
-			a.streams[b.Stream].free[p.idx].Remove(b)
+			a.stateOf(b.Stream).free[p.idx].Remove(b)
 		case arena.Unmapped:
 			p.unmapped.Delete(b)
 		case arena.Allocated, arena.PendingFree:
 			a.live.Delete(b.Addr)
+			a.stateOf(b.Stream).active--
 			n := int64(b.Size)
 			if b.State == arena.Allocated {
 				a.st.Allocation.Add(p.kind, -1)
@@ -363,6 +376,7 @@ func (a *Allocator) addZombie(s *segment.Segment, kind stats.PoolKind) {
 func (a *Allocator) recountZombie(z *zombie) {
 	now := z.s.MappedBytes()
 	a.st.ReservedBytes.Add(z.kind, int64(now)-int64(z.counted))
+	a.histReserve(true, z.s.Base(), int64(now)-int64(z.counted), 0)
 	z.counted = now
 }
 
@@ -393,7 +407,7 @@ func (a *Allocator) destroyZombies() error {
 
 // maybeDropEmpty releases an expandable segment with nothing mapped. mu held.
 func (a *Allocator) maybeDropEmpty(sg *seg) {
-	if !sg.expandable || sg.r.Head.State != arena.Unmapped || sg.r.Head.Next != nil {
+	if a.keepEmpty || !sg.expandable || sg.r.Head.State != arena.Unmapped || sg.r.Head.Next != nil {
 		return
 	}
 	if err := sg.s.Release(); err != nil {

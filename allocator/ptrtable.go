@@ -4,7 +4,9 @@ import "github.com/vmmalloc/vmmalloc/arena"
 
 // ptrTable maps the address of every allocated block to its header: an
 // open-addressing hash table with linear probing and backward-shift
-// deletion. Keys are nonzero multiples of 512. It grows (doubling) when
+// deletion. Keys are nonzero multiples of 512: 0 marks an empty slot, so
+// Get and Take of 0 report absence without probing (a probe for 0 would
+// match the first empty slot) and Put of 0 is refused. It grows (doubling) when
 // more than half full and never shrinks, so the steady-state Malloc/Free
 // path neither allocates nor rehashes. Guarded by the allocator's mutex.
 type ptrTable struct {
@@ -35,7 +37,7 @@ func (t *ptrTable) Len() int { return t.n }
 
 // Get returns the block at key, or nil.
 func (t *ptrTable) Get(key uintptr) *arena.Block {
-	if t.keys == nil {
+	if t.keys == nil || key == 0 {
 		return nil
 	}
 	mask := len(t.keys) - 1
@@ -49,8 +51,12 @@ func (t *ptrTable) Get(key uintptr) *arena.Block {
 	}
 }
 
-// Put inserts or replaces key.
+// Put inserts or replaces key. Key 0 (the empty-slot mark) is ignored:
+// it can never be stored.
 func (t *ptrTable) Put(key uintptr, b *arena.Block) {
+	if key == 0 {
+		return
+	}
 	if t.keys == nil {
 		t.init(ptrTableMinSize)
 	}
@@ -76,7 +82,7 @@ func (t *ptrTable) Delete(key uintptr) { t.Take(key) }
 
 // Take removes key and returns its block, or returns nil if key is absent.
 func (t *ptrTable) Take(key uintptr) *arena.Block {
-	if t.keys == nil {
+	if t.keys == nil || key == 0 {
 		return nil
 	}
 	mask := len(t.keys) - 1

@@ -53,3 +53,35 @@ func TestPtrTableAgainstMap(t *testing.T) {
 	tab.Delete(1 << 50) // absent: no-op
 	assert.Equal(t, len(ref), tab.Len())
 }
+
+// TestPtrTableZeroKey is the regression test for issue 7 §1: 0 marks an
+// empty slot, and a Take(0) used to match the first empty slot, shift the
+// probe run and decrement the count, so the table believed it was emptier
+// than it was and a later Put probed forever.
+func TestPtrTableZeroKey(t *testing.T) {
+	var tab ptrTable
+	assert.Nil(t, tab.Take(0), "empty table")
+	assert.Nil(t, tab.Get(0), "empty table")
+	blocks := map[uintptr]*arena.Block{}
+	for i := uintptr(1); i <= 600; i++ {
+		k := i * 512
+		blocks[k] = &arena.Block{Addr: k}
+		tab.Put(k, blocks[k])
+	}
+	for range 5000 {
+		require.Nil(t, tab.Take(0))
+		require.Nil(t, tab.Get(0))
+		tab.Delete(0)
+	}
+	tab.Put(0, &arena.Block{}) // refused: 0 can never be a key
+	assert.Nil(t, tab.Get(0))
+	require.Equal(t, len(blocks), tab.Len(), "count unchanged")
+	for k, b := range blocks {
+		require.Same(t, b, tab.Get(k), "key %#x", k)
+	}
+	// The table still fills and grows normally (this Put used to spin).
+	for i := uintptr(601); i <= 5000; i++ {
+		tab.Put(i*512, &arena.Block{Addr: i * 512})
+	}
+	assert.Equal(t, 5000, tab.Len())
+}

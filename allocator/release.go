@@ -2,6 +2,7 @@ package allocator
 
 import (
 	"errors"
+	"fmt"
 
 	"github.com/vmmalloc/vmmalloc/arena"
 	"github.com/vmmalloc/vmmalloc/backend"
@@ -10,10 +11,15 @@ import (
 // insertEvents records an event on every stream in b.Uses, so b is reused
 // only once they complete. If recording fails on a stream, it falls back to
 // synchronising that stream; if that fails too, every event taken is given
-// back and the error returned with nothing changed. mu held.
+// back and the error returned with nothing changed. A stream the driver no
+// longer knows needs no event: a released one has no work left, and a
+// vanished one (destroyed without ReleaseStream) is waited for with a
+// device synchronize, or, where the driver cannot do one, b stays pending
+// (stranded) until Close. mu held.
 func (a *Allocator) insertEvents(b *arena.Block) error {
 	start := len(a.scratchEvents)
 	var err error
+	strand := false
 	for _, u := range b.Uses {
 		ev, e := a.getEvent()
 		if e == nil {
@@ -26,10 +32,21 @@ func (a *Allocator) insertEvents(b *arena.Block) error {
 		}
 		// Could not record: wait for the stream instead.
 		a.counters.StreamSyncs++
-		if e2 := a.drv.StreamSynchronize(u); e2 != nil {
-			err = errors.Join(e, e2)
-			break
+		e2 := a.drv.StreamSynchronize(u)
+		if e2 == nil {
+			continue
 		}
+		if a.streamGone(u) {
+			if ss, ok := a.streams[u]; ok {
+				a.vanish(ss)
+			}
+			if _, ok := a.vanished[u]; ok {
+				strand = true
+			}
+			continue // released: nothing in flight
+		}
+		err = errors.Join(e, e2)
+		break
 	}
 	recorded := a.scratchEvents[start:]
 	streams := a.scratchStreams[start:]
@@ -39,9 +56,18 @@ func (a *Allocator) insertEvents(b *arena.Block) error {
 		}
 	} else {
 		for i, pe := range recorded {
-			ss := a.streams[streams[i]]
+			ss := a.stateOf(streams[i])
+			if ss == nil { // released, but the caller kept it alive: learn it again
+				ss = a.newState(streams[i])
+				a.streams[streams[i]] = ss
+			}
 			ss.queue = append(ss.queue, pe)
+			a.markBusy(ss)
 			b.Events++
+		}
+		if strand && a.quiesce() != nil {
+			b.Events++ // a phantom event only quiesce retires
+			a.stranded = append(a.stranded, b)
 		}
 	}
 	a.scratchEvents = a.scratchEvents[:start]
@@ -66,21 +92,31 @@ func (a *Allocator) eventDone(ss *streamState) {
 	ss.queue = ss.queue[1:]
 	if len(ss.queue) == 0 {
 		ss.queue = ss.queue[:0:0]
+		a.unbusy(ss)
 	}
 	a.events = append(a.events, pe.ev)
 	pe.b.Events--
 	if pe.b.Events == 0 {
 		a.pending--
+		if a.hist != nil {
+			a.histFreeCompleted(pe.b)
+		}
 		a.freeBlock(pe.b)
 	}
 }
 
-// processEvents frees blocks whose events have all completed. Each
+// processEvents frees blocks whose events have all completed. Each busy
 // stream's queue is polled in order and polling stops at the first event
 // not yet complete (or whose query fails: a failed query never frees a
-// block early). mu held.
+// block early). Only streams with queued events are visited. mu held.
 func (a *Allocator) processEvents() {
-	for _, ss := range a.streams {
+	// Backwards: eventDone removes a stream whose queue empties by moving
+	// the last busy stream, already visited, into its place.
+	for i := len(a.busy) - 1; i >= 0; i-- {
+		if i >= len(a.busy) {
+			continue
+		}
+		ss := a.busy[i]
 		for len(ss.queue) > 0 {
 			done, err := a.drv.EventQuery(ss.queue[0].ev)
 			if err != nil || !done {
@@ -92,22 +128,25 @@ func (a *Allocator) processEvents() {
 }
 
 // synchronizeAndFreeEvents waits for every pending event and frees the
-// blocks waiting on them. On a failed wait it stops; the blocks still
-// waiting stay PendingFree. mu held.
+// blocks waiting on them. A failed wait stops that stream's queue (its
+// blocks stay PendingFree) and the others go on; the errors are joined.
+// mu held.
 func (a *Allocator) synchronizeAndFreeEvents() error {
-	if a.pending == 0 {
+	if len(a.busy) == 0 {
 		return nil
 	}
 	a.st.NumSyncAllStreams++
-	for _, ss := range a.sortedStreams() {
+	var errs []error
+	for _, ss := range a.sortedBusy() {
 		for len(ss.queue) > 0 {
 			if err := a.drv.EventSynchronize(ss.queue[0].ev); err != nil {
-				return err
+				errs = append(errs, err)
+				break
 			}
 			a.eventDone(ss)
 		}
 	}
-	return nil
+	return errors.Join(errs...)
 }
 
 // cachedHandleBytes is the device memory held by the handle caches. mu held.
@@ -121,22 +160,42 @@ func (a *Allocator) trimCaches() error {
 }
 
 // releaseAll waits for pending events, then unmaps every free handle and
-// releases every free segment and cached handle (empty_cache). mu held.
+// releases every free segment and cached handle (empty_cache). Memory of
+// streams destroyed behind its back is released after a device
+// synchronize; where the driver cannot do one it stays stranded, which is
+// not an error. mu held.
 func (a *Allocator) releaseAll() error {
 	err := a.synchronizeAndFreeEvents()
-	return errors.Join(err, a.releaseUntil(0), a.trimCaches(), a.sweepSegments(), a.destroyZombies())
+	err = errors.Join(err, a.releaseUntil(0))
+	if qerr := a.quiesce(); qerr != nil && !errors.Is(qerr, errNoDeviceSync) {
+		err = errors.Join(err, qerr)
+	}
+	return errors.Join(err, a.trimCaches(), a.sweepSegments(), a.destroyZombies())
 }
 
 // releaseUntil releases free memory, stream by stream, until reserved bytes
-// are at most target. Each stream is synchronised once before its handles are
-// unmapped. mu held.
+// are at most target: first the idle owner's (released streams: no wait),
+// then each stream in use, synchronised once before its handles are
+// unmapped. A failure on one stream does not stop the others. mu held.
 func (a *Allocator) releaseUntil(target uint64) error {
 	var errs []error
+	if err := a.releaseStream(a.idle, target, false); err != nil {
+		errs = append(errs, err)
+	}
 	for _, ss := range a.sortedStreams() {
 		if uint64(a.st.ReservedBytes[0].Current) <= target {
 			break
 		}
 		if err := a.releaseStream(ss, target, true); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	if len(a.vanished) > 0 && uint64(a.st.ReservedBytes[0].Current) > target {
+		// One device synchronize for every stream found destroyed.
+		if err := a.quiesce(); err != nil && !errors.Is(err, errNoDeviceSync) {
+			errs = append(errs, err)
+		}
+		if err := a.releaseStream(a.idle, target, false); err != nil {
 			errs = append(errs, err)
 		}
 	}
@@ -172,7 +231,15 @@ func (a *Allocator) releaseStreamPool(ss *streamState, onlyPool int, target uint
 	if needSync {
 		a.counters.StreamSyncs++
 		if err := a.drv.StreamSynchronize(ss.stream); err != nil {
-			return err
+			if a.streams[ss.stream] != ss || !a.streamGone(ss.stream) {
+				return err
+			}
+			// Destroyed behind our back: its memory is released once a
+			// device synchronize shows its work complete (releaseUntil
+			// and releaseAll do one for all such streams; stranded and
+			// counted until then).
+			a.vanish(ss)
+			return nil
 		}
 	}
 	var errs []error
@@ -233,6 +300,7 @@ func (a *Allocator) releaseBlock(ss *streamState, b *arena.Block, limit uint64) 
 	}
 	piece.State = arena.Unmapped
 	piece.Stream = 0
+	a.histReserve(false, piece.Addr, -int64(done), ss.stream)
 	a.st.ReservedBytes.Add(p.kind, -int64(done))
 	if prev := piece.Prev; prev != nil && prev.State == arena.Unmapped {
 		p.unmapped.Delete(prev)
@@ -291,6 +359,7 @@ func (a *Allocator) EmptyCache() error {
 	if a.closed {
 		return ErrClosed
 	}
+	a.histEmptyCache()
 	return a.releaseAll()
 }
 
@@ -310,7 +379,11 @@ func (a *Allocator) Synchronize(stream backend.Stream) error {
 	}
 	a.counters.StreamSyncs++
 	if err := a.drv.StreamSynchronize(ss.stream); err != nil {
-		return err
+		if !a.streamGone(ss.stream) {
+			return err
+		}
+		a.vanish(ss)
+		return fmt.Errorf("%w: stream %d was destroyed: %w", ErrInvalidStream, ss.stream, errors.Join(err, a.quiesce()))
 	}
 	a.processEvents()
 	if a.cfg.ReleaseThreshold == ^uint64(0) {

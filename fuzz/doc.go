@@ -59,6 +59,21 @@
 // a bug not fixed yet skips with t.Skip("bug: ...") so that the tree stays
 // green (none is open now).
 //
+// # Trace readers
+//
+// The trace readers take files from strangers, so each has a target
+// (readers_test.go): FuzzPickle (package pickle's decoder), FuzzPyTorchSnapshot,
+// FuzzRMMLog, FuzzBinaryTrace and FuzzTextTrace. Each requires that an
+// input reads or fails with the reader's sentinel error, that what reads
+// is consistent (imports are valid traces whose summary agrees with the
+// importer's counts; both writers accept and reproduce whatever a reader
+// produced, Info included, which is what convert does), and that the
+// reader allocates at most a fixed multiple of the input's size plus a
+// constant (readerBounds). Seeds are generated files, the hostile pickle
+// shapes of issue 7, and snapshots derived from the real traces in
+// shared/traces (found through $VMMALLOC_TRACES or beside the module or
+// one of its ancestors; whole files when under 256 KiB), when present.
+//
 // # Running
 //
 // go test ./fuzz runs the seed corpus in testdata/fuzz, every crasher kept

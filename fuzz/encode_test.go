@@ -40,6 +40,24 @@ func (p *prog) malloc(class byte, v uint16, stream byte) *prog {
 
 func (p *prog) free(i byte) *prog { p.b = append(p.b, opByte(kFree), i); return p }
 
+// freeAny frees a pointer drawn from the whole address space: kind k (the
+// low four bits of pointerArg's x) and its byte y.
+func (p *prog) freeAny(k, y byte) *prog {
+	p.b = append(p.b, opByte(kFree), anyPointer|k&0x0f, y)
+	return p
+}
+
+// recordAny is RecordStream on a pointer drawn from the whole address space.
+func (p *prog) recordAny(k, y, stream byte) *prog {
+	p.b = append(p.b, opByte(kRecord), anyPointer|k&0x0f, stream, y)
+	return p
+}
+
+// release releases stream 1+i%(n-1) with ReleaseStream and destroys it;
+// destroy destroys it without ReleaseStream. A new stream takes its place.
+func (p *prog) release(i byte) *prog { p.b = append(p.b, opByte(kBad), 5, i); return p }
+func (p *prog) destroy(i byte) *prog { p.b = append(p.b, opByte(kBad), 6, i); return p }
+
 func (p *prog) record(i, stream byte) *prog {
 	p.b = append(p.b, opByte(kRecord), i, stream)
 	return p
@@ -120,6 +138,34 @@ func seedProgs() map[string][]byte {
 	p = &prog{}
 	p.malloc(szTiny, 4000, streamDefault).free(0).bad(2).malloc(szBoundary, 1, 1).bad(1).bad(0).bad(3).bad(4)
 	seeds["bad_input"] = p.b
+
+	// Pointers from the whole address space between real work (issue 7
+	// §1): null, one, the top, near live blocks, freed, around and deep in
+	// reservations, another allocator's; Free(0) many times, then growth.
+	p = &prog{}
+	p.malloc(szTiny, 4000, streamDefault).malloc(szJustLarge, 7, 1).malloc(szPages, 2, 2|launch)
+	for k := byte(0); k < 16; k++ {
+		p.freeAny(k, 0x11*k).recordAny(k, 0x23*k, 1)
+	}
+	p.free(0)
+	for k := 0; k < 40; k++ {
+		p.freeAny(0, 0)
+	}
+	for k := 0; k < 20; k++ {
+		p.malloc(szSmall, uint16(977*k), byte(k%3))
+	}
+	p.freeAny(7, 0).freeAny(9, 0x40).freeAny(11, 3).emptyCache()
+	seeds["pointer_space"] = p.b
+
+	// Streams released and destroyed, with blocks still live on them and
+	// work pending (issue 7 §2).
+	p = &prog{}
+	p.malloc(szSmall, 100, 1|launch).malloc(szPages, 4, 1).malloc(szEighth, 900, 2|launch).record(0, 2|launch)
+	p.release(0).free(1).malloc(szSmall, 100, 1).destroy(1).malloc(szPages, 4, 3)
+	p.free(0).emptyCache().malloc(szQuarter, 100, 2).malloc(szQuarter, 60000, 3).malloc(szHuge, 1, 1)
+	p.completeAll().release(2).destroy(0).sync(2).emptyCache()
+	p.malloc(szSmall, 7, 2).record(0, 1|launch).release(0x81).free(0).malloc(szSmall, 9, 1).completeAll().emptyCache()
+	seeds["stream_lifecycle"] = p.b
 	return seeds
 }
 

@@ -48,6 +48,9 @@ type liveBlock struct {
 	// work: per stream, the sequence number of the last launch on it that
 	// touches the block; nil if none.
 	shared bool // RecordStream of a stream other than its own succeeded
+	// retired: its stream was released or destroyed, so the allocator may
+	// have relabelled it to its idle owner.
+	retired bool
 }
 
 // guard is a freed range that work on stream s (up to its seq-th launch)
@@ -80,6 +83,10 @@ type harness struct {
 	foreign   backend.Stream            // a stream of device 1
 	submitted map[backend.Stream]uint64 // launches made per stream
 
+	// otherPtrs are live blocks of another allocator: pointers this
+	// allocator never handed out.
+	otherPtrs []uintptr
+
 	live         []*liveBlock
 	byPtr        map[uintptr]*liveBlock
 	maybePending map[uintptr]uint64 // freed blocks that may wait on events: ptr → nbytes asked
@@ -99,8 +106,9 @@ type harness struct {
 	// counts, violations) except every fullEvery-th, which is full.
 	fullEvery int
 
-	ops   int
-	trace []string
+	ops       int
+	trace     []string
+	keepTrace bool // keep the whole trace (tests that inspect it)
 }
 
 func newHarness(t testing.TB, hc harnessConfig) *harness {
@@ -136,10 +144,26 @@ func newHarness(t testing.TB, hc harnessConfig) *harness {
 	}
 	h.foreign, err = e.StreamCreate(1)
 	require.NoError(t, err)
+	// Another allocator, in a world of its own whose first addresses are
+	// taken, so its blocks lie where this allocator's reservations may or
+	// may not be.
+	oe, err := emulated.New(emulated.WithCapacity(hc.capacity))
+	require.NoError(t, err)
+	_, err = oe.ReserveAddress(3*gib + 6*mib)
+	require.NoError(t, err)
+	oa, err := allocator.New(oe, allocator.DefaultConfig())
+	require.NoError(t, err)
+	for _, n := range []uint64{512, 3 * kib, mib + 1} {
+		p, err := oa.Malloc(n, 0)
+		require.NoError(t, err)
+		h.otherPtrs = append(h.otherPtrs, p)
+	}
 	t.Cleanup(func() {
 		if !h.closed {
 			_ = h.a.Close()
 		}
+		_ = oa.Close()
+		_ = oe.Close()
 		_ = h.e.Close()
 	})
 	return h
@@ -148,7 +172,7 @@ func newHarness(t testing.TB, hc harnessConfig) *harness {
 // logf appends to the operation trace.
 func (h *harness) logf(format string, args ...any) {
 	h.trace = append(h.trace, fmt.Sprintf(format, args...))
-	if len(h.trace) > 2*traceKeep {
+	if len(h.trace) > 2*traceKeep && !h.keepTrace {
 		h.trace = append(h.trace[:0], h.trace[len(h.trace)-traceKeep:]...)
 	}
 }
@@ -222,9 +246,13 @@ func (h *harness) fired(marks []int64) bool {
 	return hit
 }
 
-// completed is the number of launches on s that have completed.
+// completed is the number of launches on s that have completed (all of
+// them once s is destroyed and its work done).
 func (h *harness) completed(s backend.Stream) uint64 {
 	n, err := h.e.Pending(s)
+	if errors.Is(err, backend.ErrInvalidArgument) {
+		return h.submitted[s]
+	}
 	require.NoError(h.t, err)
 	return h.submitted[s] - uint64(n)
 }
@@ -435,7 +463,10 @@ func (h *harness) badOp(x byte) {
 	calls := h.e.CallCounts()
 	var err error
 	var want []error
-	switch x % 5 {
+	switch x % 8 {
+	case 7:
+		h.logf("ReleaseStream(default)")
+		err, want = h.a.ReleaseStream(0), []error{allocator.ErrInvalidStream}
 	case 0:
 		h.logf("Free(unknown)")
 		err, want = h.a.Free(0x1234), []error{allocator.ErrUnknownPointer}
@@ -469,6 +500,8 @@ func (h *harness) badOp(x byte) {
 		h.logf("Malloc(4096, foreign stream %d)", h.foreign)
 		_, err = h.a.Malloc(4096, h.foreign)
 		want = []error{allocator.ErrInvalidStream}
+	case 5, 6: // handled by retireOp
+		return
 	default:
 		if len(h.live) == 0 {
 			return
@@ -492,6 +525,195 @@ func (h *harness) badOp(x byte) {
 	if after := h.e.CallCounts(); after != calls {
 		h.fatalf("bad input reached the driver: %v", err)
 	}
+}
+
+// anyPointer: a Free or RecordStream index byte at or above it draws the
+// pointer from the whole address space (pointerArg) instead of taking a
+// live block.
+const anyPointer = 0xf0
+
+// pointerArg maps an index byte x (≥ anyPointer: its low four bits pick the
+// kind) and a byte y to a pointer anywhere: a live block's start (so a
+// valid call still happens), 0, 1, ^0, interior and unaligned addresses of
+// live blocks, freed pointers, addresses just before, at and after each
+// reservation and mapping, unmapped addresses deep inside a reservation,
+// and another allocator's pointers. It says what it drew.
+func (h *harness) pointerArg(x, y byte) (uintptr, string) {
+	pick := func(n int) int { return int(y) % n }
+	switch x & 0x0f {
+	case 0:
+		return 0, "null"
+	case 1:
+		return 1, "one"
+	case 2:
+		if y&1 != 0 {
+			return ^uintptr(0) &^ 511, "top aligned"
+		}
+		return ^uintptr(0), "top"
+	case 3, 4:
+		if len(h.live) == 0 {
+			return 0, "null"
+		}
+		b := h.live[pick(len(h.live))]
+		return b.ptr, "live"
+	case 5, 6:
+		if len(h.live) == 0 {
+			return 0x1234, "small"
+		}
+		b := h.live[pick(len(h.live))]
+		offs := []uint64{1, 8, 511, 512, b.size - 1, b.size, b.size + 511, (b.size + 511) &^ 511}
+		return b.ptr + uintptr(offs[int(y>>4)%len(offs)]), "near a live block"
+	case 7:
+		if len(h.freed) == 0 {
+			return 512, "512"
+		}
+		return h.freed[pick(len(h.freed))], "freed"
+	case 8, 9, 10:
+		res, maps, _ := h.a.Footprint()
+		rs := append(res, maps...)
+		if len(rs) == 0 {
+			return 0x100000000000, "where a reservation will be"
+		}
+		r := rs[pick(len(rs))]
+		at := []uintptr{r.Addr - 512, r.Addr - 1, r.Addr, r.Addr + 512, r.Addr + uintptr(r.Size) - 512,
+			r.Addr + uintptr(r.Size) - 1, r.Addr + uintptr(r.Size), r.Addr + uintptr(r.Size) + 512}
+		return at[int(y>>3)%len(at)], "around a reservation or mapping"
+	case 11:
+		res, _, _ := h.a.Footprint()
+		if len(res) == 0 {
+			return 0x100000000000, "where a reservation will be"
+		}
+		r := res[pick(len(res))]
+		return (r.Addr + uintptr(r.Size)/2 + uintptr(y)*512) &^ 511, "deep in a reservation"
+	default:
+		return h.otherPtrs[pick(len(h.otherPtrs))], "another allocator's"
+	}
+}
+
+// liveIndex is the index of the live block starting at ptr, or -1.
+func (h *harness) liveIndex(ptr uintptr) int {
+	if _, ok := h.byPtr[ptr]; !ok {
+		return -1
+	}
+	for i, b := range h.live {
+		if b.ptr == ptr {
+			return i
+		}
+	}
+	return -1
+}
+
+// rejectedOp runs a call on a pointer that is not a live block's start: it
+// must fail with a pointer sentinel (ErrInteriorPointer exactly when ptr is
+// inside a live block as the model knows it; ErrUnknownPointer when it lies
+// outside every reservation) and change nothing: statistics, Check, the
+// driver's call counts, the model.
+func (h *harness) rejectedOp(name string, ptr uintptr, call func() error) {
+	h.logf("%s", name)
+	before := h.a.Stats()
+	calls := h.e.CallCounts()
+	err := call()
+	h.logf("  -> %v", err)
+	if err == nil {
+		h.fatalf("%s: accepted a pointer that is not a live block", name)
+	}
+	want := []error{allocator.ErrUnknownPointer, allocator.ErrInteriorPointer, allocator.ErrDoubleFree}
+	inside := false
+	for _, b := range h.live {
+		if ptr > b.ptr && ptr < b.ptr+uintptr(b.size) {
+			inside = true
+		}
+	}
+	res, _, _ := h.a.Footprint()
+	outside := true
+	for _, r := range res {
+		if ptr >= r.Addr && ptr-r.Addr < uintptr(r.Size) {
+			outside = false
+		}
+	}
+	switch {
+	case inside:
+		want = []error{allocator.ErrInteriorPointer}
+	case outside || ptr%512 != 0 && !inside:
+		want = []error{allocator.ErrUnknownPointer, allocator.ErrInteriorPointer}
+		if outside {
+			want = want[:1]
+		}
+	}
+	ok := false
+	for _, w := range want {
+		ok = ok || errors.Is(err, w)
+	}
+	if !ok {
+		h.fatalf("%s: got %v, want one of %v", name, err, want)
+	}
+	if after := h.a.Stats(); after != before {
+		h.fatalf("%s: a rejected call changed the statistics", name)
+	}
+	if after := h.e.CallCounts(); after != calls {
+		h.fatalf("%s: a rejected call reached the driver", name)
+	}
+	if err := h.a.Check(); err != nil {
+		h.fatalf("%s: Check after a rejected call: %v", name, err)
+	}
+}
+
+// retireOp retires stream 1+x%(n-1) of the program's streams (never the
+// default one) and puts a new stream in its place: with release, through
+// ReleaseStream and then StreamDestroy (or, with bit 0x80, ReleaseStream
+// only, the stream kept and used again); without, by destroying it behind
+// the allocator's back, work still pending on it. The live blocks of the
+// stream stay live and freeable.
+func (h *harness) retireOp(x byte, release bool) {
+	if len(h.streams) < 2 {
+		return
+	}
+	i := 1 + int(x)%(len(h.streams)-1)
+	s := h.streams[i]
+	if release {
+		h.logf("ReleaseStream(%d), StreamDestroy", s)
+		marks := h.callMarks()
+		err := h.a.ReleaseStream(s)
+		fired := h.fired(marks)
+		if err != nil {
+			h.logf("  -> %v", err)
+			if !typed(err) {
+				h.fatalf("ReleaseStream returned an untyped error: %v", err)
+			}
+			if !fired {
+				h.fatalf("ReleaseStream(%d) failed with no fault injected: %v", s, err)
+			}
+			for _, b := range h.live { // a failed unmap comes after the release
+				if b.stream == s {
+					b.retired = true
+				}
+			}
+			return
+		}
+		if n, err := h.e.Pending(s); err == nil && n > 0 {
+			h.fatalf("ReleaseStream(%d) left %d work items pending", s, n)
+		}
+		if x&0x80 != 0 { // released but kept: used again, it is a new stream
+			h.logf("  (stream %d kept alive)", s)
+			for _, b := range h.live {
+				if b.stream == s {
+					b.retired = true
+				}
+			}
+			return
+		}
+	} else {
+		h.logf("StreamDestroy(%d) without ReleaseStream", s)
+	}
+	require.NoError(h.t, h.e.StreamDestroy(s))
+	for _, b := range h.live {
+		if b.stream == s {
+			b.retired = true
+		}
+	}
+	ns, err := h.e.StreamCreate(0)
+	require.NoError(h.t, err)
+	h.streams[i] = ns
 }
 
 // cacheOp runs EmptyCache or Synchronize(s).
@@ -605,13 +827,27 @@ func (h *harness) step(d *decoder) {
 		h.mallocOp(h.sizeFor(class, v), arg, s, sx&0x40 != 0)
 	case kFree:
 		x := d.byte()
-		if len(h.live) > 0 {
+		if x >= anyPointer {
+			ptr, what := h.pointerArg(x, d.byte())
+			if i := h.liveIndex(ptr); i >= 0 {
+				h.freeOp(i)
+			} else {
+				h.rejectedOp(fmt.Sprintf("Free(%#x) [%s]", ptr, what), ptr, func() error { return h.a.Free(ptr) })
+			}
+		} else if len(h.live) > 0 {
 			h.freeOp(int(x) % len(h.live))
 		}
 	case kRecord:
 		x, sx := d.byte(), d.byte()
-		if len(h.live) > 0 {
-			_, s := h.streamArg(sx)
+		_, s := h.streamArg(sx)
+		if x >= anyPointer {
+			ptr, what := h.pointerArg(x, d.byte())
+			if i := h.liveIndex(ptr); i >= 0 {
+				h.recordOp(i, s, sx&0x40 != 0)
+			} else {
+				h.rejectedOp(fmt.Sprintf("RecordStream(%#x, %d) [%s]", ptr, s, what), ptr, func() error { return h.a.RecordStream(ptr, s) })
+			}
+		} else if len(h.live) > 0 {
 			h.recordOp(int(x)%len(h.live), s, sx&0x40 != 0)
 		}
 	case kComplete:
@@ -642,7 +878,14 @@ func (h *harness) step(d *decoder) {
 		h.e.ClearFaults()
 		h.armed = nil
 	case kBad:
-		h.badOp(d.byte())
+		switch x := d.byte(); x % 8 {
+		case 5:
+			h.retireOp(d.byte(), true)
+		case 6:
+			h.retireOp(d.byte(), false)
+		default:
+			h.badOp(x)
+		}
 	case kResetPeak:
 		h.a.ResetPeakStats()
 	}
@@ -704,7 +947,7 @@ func (h *harness) verify() {
 			h.fatalf("block %#x is %d bytes, %d asked", b.ptr, in.size, b.size)
 		case in.requested != b.size:
 			h.fatalf("block %#x records %d bytes asked, model %d", b.ptr, in.requested, b.size)
-		case in.stream != uint64(b.stream):
+		case in.stream != uint64(b.stream) && !(b.retired && in.stream == uint64(^backend.Stream(0))):
 			h.fatalf("block %#x on stream %d, allocated on %d", b.ptr, in.stream, b.stream)
 		case b.ptr%512 != 0 || in.size%512 != 0:
 			h.fatalf("block %#x+%d not 512-aligned", b.ptr, in.size)

@@ -1,8 +1,10 @@
 package fuzz
 
 import (
+	"strings"
 	"testing"
 
+	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"github.com/vmmalloc/vmmalloc/allocator"
 	"github.com/vmmalloc/vmmalloc/backend"
@@ -186,4 +188,39 @@ func TestRegression_ZombieMemoryInReserved(t *testing.T) {
 	require.Equal(t, held, a.MemoryReserved(), "reserved_bytes counts it")
 	require.NoError(t, a.EmptyCache())
 	require.Zero(t, e.Live().MappedBytes, "EmptyCache tears the zombie down")
+}
+
+// TestRegression_PointerSpace runs the pointer_space program: pointers
+// drawn from the whole address space (issue 7 §1: the fuzzers only freed
+// pointers they were handed, so Free(0) corrupting the pointer table went
+// unfound). Every rejected call is checked by rejectedOp; here the trace
+// shows that each kind was drawn and rejected.
+func TestRegression_PointerSpace(t *testing.T) {
+	h := newHarness(t, harnessConfig{conf: "handle_cache_mb:64", capacity: 512 * mib, streams: 3, manual: true})
+	h.maxOps, h.keepTrace = 1000, true
+	h.run(seedProgs()["pointer_space"])
+	h.finish()
+	joined := strings.Join(h.trace, "\n")
+	for _, what := range []string{"[null]", "[one]", "[top]", "[near a live block]", "[freed]",
+		"[around a reservation or mapping]", "[deep in a reservation]", "[another allocator's]"} {
+		assert.Contains(t, joined, what)
+	}
+	assert.Contains(t, joined, "pointer was not allocated by this allocator")
+	assert.Contains(t, joined, "pointer is inside an allocation")
+}
+
+// TestRegression_StreamLifecycle runs the stream_lifecycle program:
+// streams released and destroyed behind the allocator's back with blocks
+// live and work pending on them (issue 7 §2).
+func TestRegression_StreamLifecycle(t *testing.T) {
+	for _, real := range []bool{false, true} {
+		h := newHarness(t, harnessConfig{conf: "handle_cache_mb:64", capacity: 512 * mib, streams: 3, manual: true, real: real})
+		h.keepTrace = true
+		h.run(seedProgs()["stream_lifecycle"])
+		joined := strings.Join(h.trace, "\n")
+		assert.Contains(t, joined, "ReleaseStream(")
+		assert.Contains(t, joined, "without ReleaseStream")
+		assert.Positive(t, h.e.Calls(backend.OpDeviceSync), "a destroyed stream was waited for with a device synchronize")
+		h.finish()
+	}
 }

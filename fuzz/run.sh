@@ -6,6 +6,10 @@
 #   fuzz/run.sh            # 10s per target (what CI runs)
 #   fuzz/run.sh 4h         # for hours
 #   fuzz/run.sh 30s FuzzRealMemory FuzzParseConfig   # chosen targets
+#   fuzz/run.sh 30s ./allocator/host:FuzzHostAllocator   # a target elsewhere
+#
+# A target is a name in package ./fuzz, or pkg:Name for one in another
+# package.
 #
 # The duration is any -fuzztime value: a Go duration (10s, 2h) or an
 # iteration count (5000x).
@@ -16,13 +20,23 @@ shift || true
 if [ "$#" -gt 0 ]; then
 	targets=("$@")
 else
-	targets=(FuzzAllocator FuzzAllocatorConfig FuzzRealMemory FuzzParseConfig)
+	targets=(FuzzAllocator FuzzAllocatorConfig FuzzRealMemory FuzzParseConfig FuzzHistory)
+	# The trace readers (fuzz/readers_test.go): untrusted files.
+	targets+=(FuzzPickle FuzzPyTorchSnapshot FuzzRMMLog FuzzBinaryTrace FuzzTextTrace)
+	# Targets that live beside the code they fuzz.
+	targets+=(./benchmarks/pickle:FuzzDecode ./allocator/host:FuzzHostAllocator ./stats/memviz:FuzzSettingValues)
 fi
 
 cd "$(dirname "$0")/.."
-for f in "${targets[@]}"; do
-	echo "== $f for $T"
+for t in "${targets[@]}"; do
+	pkg=./fuzz
+	f="$t"
+	if [[ "$t" == *:* ]]; then
+		pkg="${t%%:*}"
+		f="${t##*:}"
+	fi
+	echo "== $pkg $f for $T"
 	# New inputs that widen coverage are minimised for at most 5s each,
 	# so that short runs spend their time fuzzing.
-	go test ./fuzz -run '^$' -fuzz "^${f}\$" -fuzztime "$T" -fuzzminimizetime 5s
+	go test "$pkg" -run '^$' -fuzz "^${f}\$" -fuzztime "$T" -fuzzminimizetime 5s
 done

@@ -4,7 +4,6 @@ import (
 	"bufio"
 	"bytes"
 	"fmt"
-	"strings"
 
 	"github.com/vmmalloc/vmmalloc/stats"
 )
@@ -107,29 +106,6 @@ func ExampleWriteJSON() {
 	//   "active.all.allocated": 1,
 	//   "active.all.current": 1,
 	//   "active.all.freed": 0,
-}
-
-func ExampleWritePrometheus() {
-	var buf bytes.Buffer
-	if err := stats.WritePrometheus(&buf, 0, exampleStats()); err != nil {
-		fmt.Println(err)
-		return
-	}
-	// Show one gauge family and one counter family.
-	for _, l := range strings.Split(buf.String(), "\n") {
-		if strings.Contains(l, "vmmalloc_reserved_bytes_current") || strings.Contains(l, "vmmalloc_handles_created_total") {
-			fmt.Println(l)
-		}
-	}
-	// Output:
-	// # HELP vmmalloc_handles_created_total Physical handles created.
-	// # TYPE vmmalloc_handles_created_total counter
-	// vmmalloc_handles_created_total{device="0"} 1
-	// # HELP vmmalloc_reserved_bytes_current Current value of the bytes of mapped device memory.
-	// # TYPE vmmalloc_reserved_bytes_current gauge
-	// vmmalloc_reserved_bytes_current{device="0",pool="all"} 20971520
-	// vmmalloc_reserved_bytes_current{device="0",pool="large_pool"} 20971520
-	// vmmalloc_reserved_bytes_current{device="0",pool="small_pool"} 0
 }
 
 func ExampleSegmentTable() {

@@ -9,16 +9,11 @@ import (
 	"strings"
 )
 
-// Errors the exporters return, wrapped with detail; test them with
-// errors.Is. On either, nothing has been written.
-var (
-	// ErrNilStats: a nil *DeviceStats was passed to an exporter.
-	ErrNilStats = errors.New("stats: nil DeviceStats")
-	// ErrInvalidDevice: a device ID was negative.
-	ErrInvalidDevice = errors.New("stats: invalid device ID")
-)
+// ErrNilStats: a nil *DeviceStats was passed to an exporter, which then
+// wrote nothing. Test with errors.Is.
+var ErrNilStats = errors.New("stats: nil DeviceStats")
 
-// PrometheusPrefix begins every metric name WritePrometheus writes.
+// PrometheusPrefix begins every metric name Metrics returns.
 const PrometheusPrefix = "vmmalloc_"
 
 // WriteJSON writes Flatten(d) to w as one indented JSON object with its
@@ -40,85 +35,57 @@ func WriteJSON(w io.Writer, d *DeviceStats) error {
 	return nil
 }
 
-// WritePrometheus writes the counters of one device in the Prometheus
-// text exposition format (version 0.0.4). Every key of Flatten becomes a
-// metric family named PrometheusPrefix + key with the pool moved into a
-// label:
+// Metric describes one metric family of the exported statistics, for
+// exporters such as the Prometheus collector of package
+// allocator/metrics. Every key of Flatten belongs to exactly one family,
+// named PrometheusPrefix + key with the pool moved into a label:
 //
 //   - <array>.<pool>.current and .peak become the gauges
-//     vmmalloc_<array>_current and vmmalloc_<array>_peak with labels
-//     device and pool;
+//     vmmalloc_<array>_current and vmmalloc_<array>_peak, one sample per
+//     pool (all, large_pool, small_pool);
 //   - <array>.<pool>.allocated and .freed become the counters
 //     vmmalloc_<array>_allocated_total and vmmalloc_<array>_freed_total
 //     (the _total suffix is the Prometheus naming convention for counters;
 //     they restart from 0 after DeviceStats.ResetAccumulated, which
 //     Prometheus treats as a counter reset);
 //   - oversize_allocations and oversize_segments follow the same rule
-//     with only the device label;
-//   - the scalars become counters vmmalloc_<key>_total with the device
-//     label, except max_split_size, a gauge.
-//
-// Each family has a HELP and a TYPE line; families are sorted by name and
-// samples by pool (all, large_pool, small_pool). A text exposition may
-// hold each family only once, so to export several devices in one scrape
-// use WritePrometheusDevices rather than calling this once per device.
-//
-// A nil d is ErrNilStats and a negative device is ErrInvalidDevice. The
-// output is built in memory and written with a single Write.
-func WritePrometheus(w io.Writer, device int, d *DeviceStats) error {
-	return WritePrometheusDevices(w, map[int]*DeviceStats{device: d})
+//     with one sample;
+//   - the scalars become counters vmmalloc_<key>_total, except
+//     max_split_size, a gauge.
+type Metric struct {
+	Name    string // full metric name, e.g. "vmmalloc_reserved_bytes_current"
+	Help    string // one sentence
+	Counter bool   // a counter (else a gauge)
+	Pooled  bool   // one sample per pool of MetricPools (else one sample)
+
+	pooled func(*DeviceStats, PoolKind) int64 // per-pool value; nil if unpooled
+	value  func(*DeviceStats) int64           // unpooled value
 }
 
-// WritePrometheusDevices is WritePrometheus for several devices at once:
-// each family lists the samples of every device, in ascending device
-// order. An empty map writes nothing. A nil entry is ErrNilStats and a
-// negative device ErrInvalidDevice; on either, nothing is written.
-func WritePrometheusDevices(w io.Writer, devices map[int]*DeviceStats) error {
-	ids := make([]int, 0, len(devices))
-	for id, d := range devices {
-		if id < 0 {
-			return fmt.Errorf("%w: %d", ErrInvalidDevice, id)
-		}
-		if d == nil {
-			return fmt.Errorf("%w: device %d", ErrNilStats, id)
-		}
-		ids = append(ids, id)
+// Value returns the metric's value in d for pool p (ignored unless
+// m.Pooled). A nil d is ErrNilStats.
+func (m Metric) Value(d *DeviceStats, p PoolKind) (int64, error) {
+	if d == nil {
+		return 0, fmt.Errorf("%w: %s", ErrNilStats, m.Name)
 	}
-	if len(ids) == 0 {
-		return nil
+	if m.pooled != nil {
+		return m.pooled(d, p), nil
 	}
-	slices.Sort(ids)
+	return m.value(d), nil
+}
 
+// MetricPools lists the pools a pooled metric has a sample for, in report
+// order: all, large_pool, small_pool.
+func MetricPools() []PoolKind { return reportPools[:] }
+
+// Metrics lists every metric family, sorted by name.
+func Metrics() []Metric {
 	fams := promFamilies()
-	var b strings.Builder
-	for _, f := range fams {
-		b.WriteString("# HELP ")
-		b.WriteString(f.name)
-		b.WriteByte(' ')
-		b.WriteString(f.help)
-		b.WriteString("\n# TYPE ")
-		b.WriteString(f.name)
-		if f.kind == kindCounter {
-			b.WriteString(" counter\n")
-		} else {
-			b.WriteString(" gauge\n")
-		}
-		for _, id := range ids {
-			d := devices[id]
-			dev := itoa(int64(id))
-			if f.pooled == nil {
-				fmt.Fprintf(&b, "%s{device=%q} %d\n", f.name, dev, f.value(d))
-				continue
-			}
-			for _, p := range reportPools {
-				fmt.Fprintf(&b, "%s{device=%q,pool=%q} %d\n", f.name, dev, p.String(), f.pooled(d, p))
-			}
-		}
+	out := make([]Metric, len(fams))
+	for i, f := range fams {
+		out[i] = Metric{Name: f.name, Help: f.help, Counter: f.kind == kindCounter, Pooled: f.pooled != nil, pooled: f.pooled, value: f.value}
 	}
-	if _, err := io.WriteString(w, b.String()); err != nil {
-		return fmt.Errorf("stats: write Prometheus: %w", err)
-	}
-	return nil
+	return out
 }
 
 // promFamily is one metric family of the Prometheus exposition.

@@ -14,13 +14,16 @@ const (
 	TraceSegmentUnmap  TraceAction = "segment_unmap"  // pages of an expandable segment were unmapped
 	TraceSnapshot      TraceAction = "snapshot"       // a snapshot was taken
 	TraceOOM           TraceAction = "oom"            // a malloc failed; Addr holds the device's free bytes
+	// TraceEmptyCache is vmmalloc's own: EmptyCache was called. PyTorch's
+	// history has no such action, so PyTorch-format writers leave it out.
+	TraceEmptyCache TraceAction = "empty_cache"
 )
 
 // Valid reports whether a is one of the TraceAction constants.
 func (a TraceAction) Valid() bool {
 	switch a {
 	case TraceAlloc, TraceFreeRequested, TraceFreeCompleted, TraceSegmentAlloc,
-		TraceSegmentFree, TraceSegmentMap, TraceSegmentUnmap, TraceSnapshot, TraceOOM:
+		TraceSegmentFree, TraceSegmentMap, TraceSegmentUnmap, TraceSnapshot, TraceOOM, TraceEmptyCache:
 		return true
 	}
 	return false
@@ -35,6 +38,9 @@ type TraceEntry struct {
 	Size   uint64      `json:"size"`   // bytes
 	Stream uint64      `json:"stream"` // stream the block or segment belongs to
 	TimeNs int64       `json:"time_ns"`
+	// Stack names the Go call stack of the caller that caused the entry in
+	// its recorder's stack table (1-based); 0 when none was recorded.
+	Stack uint32 `json:"stack,omitempty"`
 }
 
 // MaxHistoryEntries caps the capacity NewHistory preallocates (4Mi

@@ -18,6 +18,9 @@ type BlockInfo struct {
 	RequestedSize uint64     `json:"requested_size"` // bytes asked for; 0 unless allocated
 	Stream        uint64     `json:"stream"`
 	State         BlockState `json:"state"`
+	// Stack names the Go call stack of the Malloc that allocated the block
+	// in its recorder's stack table (1-based); 0 when none was recorded.
+	Stack uint32 `json:"stack,omitempty"`
 }
 
 // SegmentInfo describes one segment: for an expandable segment, its whole

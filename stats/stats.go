@@ -44,8 +44,10 @@
 //
 // Flatten names every counter as torch.cuda.memory_stats() does
 // ("reserved_bytes.large_pool.peak"), plus vmmalloc's driver counters.
-// Summary renders the memory_summary() table. WriteJSON and
-// WritePrometheus export the flattened record. SegmentTable lists the
+// Summary renders the memory_summary() table. WriteJSON exports the
+// flattened record, and Metrics describes it as metric families for
+// exporters (the Prometheus collector and expvar publisher of package
+// allocator/metrics). SegmentTable lists the
 // segments of a Snapshot. History is the fixed-size ring of TraceEntry
 // records behind torch.cuda.memory._record_memory_history. All output is
 // deterministic: the same record always yields the same bytes.
@@ -188,6 +190,7 @@ type DeviceStats struct {
 	HandlesFreed      int64 // physical handles freed to the driver
 	HandlesReused     int64 // physical handles taken from the handle cache
 	MaxSplitSize      int64 // configured max_split_size in bytes; 0 = unlimited
+	StrandedBytes     int64 // of reserved bytes, those held for streams destroyed without ReleaseStream until a device synchronize shows them idle
 }
 
 // ResetPeak resets every peak to its current value

@@ -25,11 +25,29 @@ const (
 // string. Cleanup closes it and asserts the driver holds nothing of it.
 func newHost(t testing.TB, conf string, opts ...emulated.Option) (*Allocator, *emulated.Emulator) {
 	t.Helper()
+	return newHostOver(t, conf, func(e *emulated.Emulator) backend.Driver { return e }, opts...)
+}
+
+// withoutDeviceSync is the emulator without its DeviceSynchronizer
+// capability, as a driver that cannot wait for a whole device.
+type withoutDeviceSync struct {
+	backend.Driver
+	backend.HostMemory
+}
+
+// newHostNoDeviceSync is newHost over withoutDeviceSync.
+func newHostNoDeviceSync(t testing.TB, conf string, opts ...emulated.Option) (*Allocator, *emulated.Emulator) {
+	t.Helper()
+	return newHostOver(t, conf, func(e *emulated.Emulator) backend.Driver { return withoutDeviceSync{e, e} }, opts...)
+}
+
+func newHostOver(t testing.TB, conf string, wrap func(*emulated.Emulator) backend.Driver, opts ...emulated.Option) (*Allocator, *emulated.Emulator) {
+	t.Helper()
 	e, err := emulated.New(opts...)
 	require.NoError(t, err)
 	cfg, err := ParseConfig(conf)
 	require.NoError(t, err)
-	a, err := New(e, cfg)
+	a, err := New(wrap(e), cfg)
 	require.NoError(t, err)
 	t.Cleanup(func() {
 		e.ClearFaults()
@@ -603,11 +621,12 @@ func TestConcurrentUse(t *testing.T) {
 }
 
 // A stream destroyed after RecordStream can be neither recorded on nor
-// waited for: Free quarantines the block without waiting, and the block is
-// given back with FreeHostWithDevSync, which completes the work that still
-// uses it, when memory runs out or at Close.
+// waited for: with a driver that cannot wait for a whole device, Free
+// quarantines the block without waiting, and the block is given back with
+// FreeHostWithDevSync, which completes the work that still uses it, when
+// memory runs out or at Close.
 func TestFreeAfterStreamDestroyed(t *testing.T) {
-	a, e := newHost(t, "", emulated.WithManualCompletion(), emulated.WithHostCapacity(64*kib))
+	a, e := newHostNoDeviceSync(t, "", emulated.WithManualCompletion(), emulated.WithHostCapacity(64*kib))
 	s, err := e.StreamCreate(0)
 	require.NoError(t, err)
 	p, err := a.Malloc(8 * kib)
@@ -657,7 +676,7 @@ func TestFreeAfterStreamDestroyed(t *testing.T) {
 // destroyed stream on OS memory, so a quarantined block is never reused and
 // is released only at Close.
 func TestQuarantinedOSMemoryWaitsForClose(t *testing.T) {
-	a, e := newHost(t, "pinned_use_host_register:True")
+	a, e := newHostNoDeviceSync(t, "pinned_use_host_register:True")
 	s, err := e.StreamCreate(0)
 	require.NoError(t, err)
 	p, err := a.Malloc(8 * kib)
@@ -792,4 +811,31 @@ func TestRegisterDriverRefusal(t *testing.T) {
 	_, err = a.DevicePointer(p)
 	require.ErrorIs(t, err, ErrUnknownPointer)
 	require.NoError(t, a.Check())
+}
+
+// With a driver that can wait for a whole device, Free of a block whose
+// stream was destroyed waits for the device once and caches the block: it
+// is reused at once and nothing is quarantined.
+func TestFreeAfterStreamDestroyedDeviceSync(t *testing.T) {
+	a, e := newHost(t, "", emulated.WithManualCompletion())
+	s, err := e.StreamCreate(0)
+	require.NoError(t, err)
+	p, err := a.Malloc(8 * kib)
+	require.NoError(t, err)
+	require.NoError(t, e.Launch(s, p, 8*kib))
+	require.NoError(t, a.RecordStream(p, s))
+	require.NoError(t, e.StreamDestroy(s))
+	syncs := e.Calls(backend.OpDeviceSync)
+	require.NoError(t, a.Free(p))
+	assert.Equal(t, syncs+1, e.Calls(backend.OpDeviceSync), "one device synchronize")
+	assert.Zero(t, e.Live().PendingWork, "the destroyed stream's work completed")
+	st := a.Stats()
+	assert.Zero(t, st.NumOrphaned)
+	assert.Zero(t, st.Active.Current)
+	q, err := a.Malloc(8 * kib)
+	require.NoError(t, err)
+	assert.Equal(t, p, q, "the cached block is reused")
+	assert.Empty(t, e.Violations())
+	require.NoError(t, a.Free(q))
+	mustCheck(t, a, e)
 }

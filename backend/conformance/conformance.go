@@ -25,7 +25,8 @@
 // can run against hardware.
 //
 // Optional capabilities are found by type assertion: backend.IPC and
-// backend.HostMemory cases run when the driver implements them; Workload (a
+// backend.HostMemory cases run when the driver implements them, and so do
+// the backend.Copier and backend.DeviceSynchronizer cases; Workload (a
 // driver that lets the test queue work and decide when it completes, like
 // the emulated backend) enables the ordering cases; HostView (mapped device
 // memory readable from the host) enables the data cases.
@@ -140,6 +141,9 @@ var cases = []struct {
 	{"IPC", (*suite).ipc},
 	{"IPCImport", (*suite).ipcImport},
 	{"HostMemory", (*suite).hostMemory},
+	{"Copier", (*suite).copier},
+	{"CopierRejects", (*suite).copierRejects},
+	{"DeviceSynchronize", (*suite).deviceSynchronize},
 }
 
 // RequireKind asserts that err is a *backend.Error of primitive op wrapping

@@ -63,7 +63,23 @@ func (d plainErrors) ReserveAddress(size uint64) (uintptr, error) {
 	return va, nil
 }
 
+// lenientCopy writes wherever it is told, accessible or not (as far as the
+// memory allows), and reports success.
+type lenientCopy struct{ *emulated.Emulator }
+
+func (d lenientCopy) CopyHtoD(dst uintptr, src []byte, s backend.Stream) error {
+	_ = d.Emulator.CopyHtoD(dst, src, s)
+	return nil
+}
+
 var broken = map[string]func(e *emulated.Emulator) backend.Driver{
+	"lenient-copy": func(*emulated.Emulator) backend.Driver {
+		e, err := emulated.New(emulated.WithDevices(2), emulated.WithCapacity(1<<30), emulated.WithRealMemory())
+		if err != nil {
+			panic(err) // the child process fails, and so does the parent's check
+		}
+		return lenientCopy{e}
+	},
 	"lenient-unmap": func(e *emulated.Emulator) backend.Driver { return lenientUnmap{e} },
 	"eager-access":  func(e *emulated.Emulator) backend.Driver { return eagerAccess{e} },
 	"plain-errors":  func(e *emulated.Emulator) backend.Driver { return plainErrors{e} },
@@ -81,6 +97,7 @@ func TestSuiteCatchesBrokenDrivers(t *testing.T) {
 		"lenient-unmap": "UnmapMismatch",
 		"eager-access":  "AccessUntilSetAccess",
 		"plain-errors":  "ReserveRelease",
+		"lenient-copy":  "CopierRejects",
 	} {
 		t.Run(name, func(t *testing.T) {
 			cmd := exec.Command(os.Args[0], "-test.run=^TestSuiteCatchesBrokenDrivers$", "-test.v", "-test.count=1")

@@ -154,6 +154,7 @@ func DefaultCostModel() CostModel {
 		backend.OpStreamCreate:      10 * us,
 		backend.OpStreamDestroy:     10 * us,
 		backend.OpStreamSync:        5 * us,
+		backend.OpDeviceSync:        10 * us,
 		backend.OpEventCreate:       2 * us,
 		backend.OpEventDestroy:      2 * us,
 		backend.OpEventRecord:       us,
@@ -167,6 +168,8 @@ func DefaultCostModel() CostModel {
 		backend.OpHostRegister:      30 * us,
 		backend.OpHostUnregister:    20 * us,
 		backend.OpHostDevicePointer: us,
+		backend.OpMemcpy:            5 * us, // launch; the bytes cost PerGiB
+		backend.OpMemset:            3 * us,
 	} {
 		m.PerCall[op] = c
 	}
@@ -178,6 +181,8 @@ func DefaultCostModel() CostModel {
 	m.PerGiB[backend.OpMallocHost] = 250 * us
 	m.PerGiB[backend.OpFreeHost] = 50 * us
 	m.PerGiB[backend.OpHostRegister] = 200 * us
+	m.PerGiB[backend.OpMemcpy] = 40 * time.Millisecond // a host link (~25 GB/s); device copies are faster
+	m.PerGiB[backend.OpMemset] = 400 * us              // device bandwidth (~2.5 TB/s)
 	return m
 }
 

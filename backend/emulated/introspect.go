@@ -221,9 +221,12 @@ func (e *Emulator) Vacate(id TenantID) error {
 
 // Bytes returns the memory at [va, va+size) with real memory
 // (WithRealMemory): the range must lie in one MallocHost block or in
-// consecutive mappings the host may access (SetAccess with any location
-// granting read or read-write). The slice is valid only while the memory
-// stays mapped; touching it afterwards faults. Without real memory it
+// consecutive mappings the host may read and write (SetAccess with a
+// location granting read-write). A mapping that is only readable is
+// refused with ErrNotPermitted: a Go slice cannot be read-only, and a write
+// through one would kill the process with SIGSEGV; an inaccessible one is
+// ErrInvalidArgument (R8). The slice is valid only while the memory stays
+// mapped read-write; touching it afterwards faults. Without real memory it
 // returns ErrNotSupported.
 func (e *Emulator) Bytes(va uintptr, size uint64) ([]byte, error) {
 	w, p := e.w, e.p
@@ -248,8 +251,11 @@ func (e *Emulator) Bytes(va uintptr, size uint64) ([]byte, error) {
 		if !ok {
 			return nil, fmt.Errorf("emulated: Bytes: %#x is not mapped: %w", c, backend.ErrInvalidArgument)
 		}
-		if widest(x.v.access) == backend.AccessNone {
+		switch widest(x.v.access) {
+		case backend.AccessNone:
 			return nil, fmt.Errorf("emulated: Bytes: mapping at %#x is not accessible (R8): %w", x.start, backend.ErrInvalidArgument)
+		case backend.AccessRead:
+			return nil, fmt.Errorf("emulated: Bytes: mapping at %#x is read-only; a writable slice over it would fault: %w", x.start, backend.ErrNotPermitted)
 		}
 		c = x.end
 	}

@@ -1,8 +1,10 @@
 package pickle_test
 
 import (
+	"encoding/binary"
 	"errors"
 	"fmt"
+	"strings"
 
 	"github.com/vmmalloc/vmmalloc/benchmarks/pickle"
 )
@@ -29,4 +31,32 @@ func ExampleDecode_refusesCode() {
 	// Output:
 	// true
 	// pickle: forbidden opcode STACK_GLOBAL (0x93) at offset 39: refusing to load code or objects (only plain data is accepted)
+}
+
+func ExampleDecode_sharedKey() {
+	// 85 bytes: {t40: None} where t0 = None and t(i+1) = (ti, ti), built by
+	// DUP+TUPLE2. The key has 2^40 leaves but only 40 distinct tuples, and
+	// decoding costs one step per distinct tuple.
+	data := []byte("}N" + strings.Repeat("2\x86", 40) + "Ns.")
+	v, err := pickle.Decode(data)
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	d := v.(*pickle.Dict)
+	_, found := d.Get(d.Items[0].Key)
+	fmt.Println(len(data), d.Len(), found)
+	// Output: 85 1 true
+}
+
+func ExampleDecode_budget() {
+	// A 1 MiB str key set 100 times: a Go map hashes it whole each time,
+	// 100 MiB of hashing for 1 MiB of input, past the budget of
+	// KeyWorkPerByte bytes per input byte plus KeyWorkBase.
+	key := strings.Repeat("k", 1<<20)
+	data := []byte("}X" + string(binary.LittleEndian.AppendUint32(nil, uint32(len(key)))) + key +
+		"\x940" + strings.Repeat("h\x00Ns", 100) + ".")
+	_, err := pickle.Decode(data)
+	fmt.Println(errors.Is(err, pickle.ErrBudget))
+	// Output: true
 }

@@ -46,16 +46,45 @@
 //
 // Sharing is preserved: an object referenced twice through the memo decodes
 // to one Go value (the same map or the same slice backing array), and
-// self-referencing containers decode to self-referencing Go values (so
-// callers walking arbitrary input must guard against cycles).
+// self-referencing containers decode to self-referencing Go values. So
+// callers walking arbitrary input (fmt, encoding/json, reflect.DeepEqual)
+// must guard against cycles and against sharing: 87 bytes of DUP+TUPLE2
+// decode to a value of 2^40 paths, which the decoder builds in 40 steps but
+// a naive walk visits path by path. Visit each container once.
 //
 // # Resource bounds
 //
-// Decoding is a single pass over an in-memory buffer without recursion.
-// Every length prefix is checked against the bytes that remain before
-// anything is allocated, each opcode creates at most one value, and the
-// final conversion visits each container once, so time and memory are
-// linear in the input size. Read bounds the input size itself.
+// Input comes from strangers, so decoding is a single pass over an
+// in-memory buffer without recursion (beyond the bounded key nesting
+// below), and time and memory are linear in the input size for every
+// opcode sequence:
+//
+//   - every length prefix is checked against the bytes that remain before
+//     anything is allocated, and each opcode creates at most one value;
+//   - the final conversion visits each container once;
+//   - a dict key's identity is computed once per object, not once per use.
+//     A tuple's identity is an interned number built from its elements'
+//     identities and cached in the tuple, so a key that references shared
+//     sub-tuples (DUP+TUPLE2 repeated n times is a tuple with 2^n leaves)
+//     costs one step per distinct tuple; a str or bytes longer than 64
+//     bytes, or an int beyond 64 bits, is interned once by content and its
+//     identity cached by object (a 1 MiB str or int referenced by a
+//     thousand keys is hashed once). Ints are keyed by their magnitude
+//     bytes, never by a decimal conversion. Tuple keys nest at most 100
+//     deep (ErrMalformed beyond).
+//
+// One cost is not linear by construction: a dict whose keys are all str
+// decodes to a Go map, and a Go map hashes the whole string at every
+// insertion, so a long str used as a key by many dicts (or set into one
+// dict many times) is hashed every time. The decoder charges every hash
+// of a str key longer than 64 bytes to a budget of
+// [KeyWorkPerByte] bytes per input byte plus [KeyWorkBase], and stops with
+// ErrBudget when it runs out. Real snapshots charge nothing: none of the
+// eight in shared/traces has a str key longer than 64 bytes.
+// Read bounds the input size itself. The package's tests and fuzz target
+// (and fuzz.FuzzPickle) hold decoding n bytes to at most 512n + 256 KiB
+// of allocation; the worst shapes measured allocate about 165 bytes per
+// input byte (a run of EMPTY_LIST: a container per byte).
 //
 // The package holds no global state; Decode is safe for concurrent use.
 package pickle
@@ -67,7 +96,6 @@ import (
 	"io"
 	"math"
 	"math/big"
-	"strconv"
 )
 
 // Sentinel errors, matched with errors.Is. Every error returned by Decode
@@ -93,6 +121,17 @@ var (
 	ErrMalformed = errors.New("pickle: malformed input")
 	// ErrTooLarge reports input longer than the limit given to Read.
 	ErrTooLarge = errors.New("pickle: input too large")
+	// ErrBudget reports input whose dict keys would cost more to hash than
+	// the budget the package documents (see Resource bounds): a long str
+	// used as a key over and over.
+	ErrBudget = errors.New("pickle: input exceeds the key hashing budget")
+)
+
+// Key hashing budget: decoding n bytes may hash at most
+// KeyWorkPerByte*n + KeyWorkBase bytes of long str keys.
+const (
+	KeyWorkPerByte = 16
+	KeyWorkBase    = 16 << 20
 )
 
 // Error describes where and why decoding stopped.
@@ -140,15 +179,15 @@ type Item struct {
 // Len returns the number of entries.
 func (d *Dict) Len() int { return len(d.Items) }
 
-// Get returns the value for key, comparing keys as Dict documents. It is a
-// linear scan; the dicts this type represents are small in practice.
+// Get returns the value for key, comparing keys as Dict documents (a
+// tuple key is a []any). It is a linear scan; the dicts this type
+// represents are small in practice. Tuples that share sub-tuples are
+// compared once per distinct pair, so keys built by repeated sharing do
+// not cost exponential time.
 func (d *Dict) Get(key any) (any, bool) {
-	want, err := hashKey(key, 0)
-	if err != nil {
-		return nil, false
-	}
+	var c keyComparer
 	for _, it := range d.Items {
-		if k, err := hashKey(it.Key, 0); err == nil && k == want {
+		if c.eq(key, it.Key, 0) {
 			return it.Value, true
 		}
 	}
@@ -159,7 +198,7 @@ func (d *Dict) Get(key any) (any, bool) {
 // the STOP opcode are ignored, as Python's pickle.loads does. data is not
 // retained: strings and byte slices in the result are copies.
 func Decode(data []byte) (any, error) {
-	d := decoder{data: data}
+	d := decoder{data: data, budget: KeyWorkPerByte*int64(len(data)) + KeyWorkBase}
 	return d.run()
 }
 
@@ -286,27 +325,30 @@ func OpName(op byte) string {
 // maxProtocol is the newest pickle protocol understood.
 const maxProtocol = 5
 
-// maxKeyDepth bounds tuple nesting inside dict keys (hashKey recurses).
-const maxKeyDepth = 100
-
 // node is a container under construction. Lists and dicts are mutable
 // (APPEND/SETITEM reach them through the memo after creation), so the
 // decoder works on pointers and converts to the public representation once
 // at STOP, in place, so that shared and cyclic references survive.
 type node struct {
 	kind  nodeKind
-	items []any // list/tuple elements; converted in place at the end
+	depth uint8      // tuples: key nesting depth (see tupleDepth)
+	keyed bool       // tuples: key holds the tuple's identity
+	done  bool       // out has been assigned (its children may still be converting)
+	key   keyID      // tuples: identity as a dict key, computed on first use
+	items []any      // list/tuple elements; converted in place at the end
+	dict  *dictState // dicts: entries, once the first is set
+	out   any        // public value, valid once done
+}
 
-	// dict state: while every key is a str, m holds the entries and keys
-	// their insertion order; after the first non-str key, ordered holds
-	// every entry and index maps hashKey(key) to a position in ordered.
+// dictState holds a dict's entries. While every key is a str, m holds the
+// entries and keys their insertion order; after the first non-str key,
+// ordered holds every entry and index maps each key's identity to its
+// position in ordered.
+type dictState struct {
 	m       map[string]any
 	keys    []string
 	ordered []Item
-	index   map[any]int
-
-	out  any  // public value, valid once done
-	done bool // out has been assigned (its children may still be converting)
+	index   map[keyID]int
 }
 
 type nodeKind uint8
@@ -327,6 +369,9 @@ type decoder struct {
 	marks  []int // stack heights saved by MARK
 	memo   []any // dense memo: index i at memo[i]
 	sparse map[uint32]any
+	keys   interner // dict key identities
+	work   int64    // bytes of long str keys hashed so far (see ErrBudget)
+	budget int64    // limit on work
 }
 
 func (d *decoder) fail(sentinel error, format string, args ...any) error {
@@ -409,7 +454,7 @@ func (d *decoder) memoGet(idx uint32) error {
 func (d *decoder) newTuple(items []any) {
 	cp := make([]any, len(items))
 	copy(cp, items)
-	d.push(&node{kind: kindTuple, items: cp})
+	d.push(&node{kind: kindTuple, depth: tupleDepth(cp), items: cp})
 }
 
 // tupleN pops n items into a tuple.
@@ -450,106 +495,51 @@ func (d *decoder) setItems(target any, kv []any) error {
 }
 
 func (d *decoder) setItem(n *node, k, v any) error {
-	if s, ok := k.(string); ok && n.ordered == nil {
-		if n.m == nil {
-			n.m = make(map[string]any)
+	ds := n.dict
+	if ds == nil {
+		ds = &dictState{}
+		n.dict = ds
+	}
+	if s, ok := k.(string); ok && ds.ordered == nil {
+		// A Go map hashes the whole string at each use: charge long ones.
+		if len(s) > inlineKeyBytes {
+			if d.work += int64(len(s)); d.work > d.budget {
+				return d.fail(ErrBudget, "str keys of more than %d bytes hashed %d bytes, limit %d for %d input bytes",
+					inlineKeyBytes, d.work, d.budget, len(d.data))
+			}
 		}
-		if _, dup := n.m[s]; !dup {
-			n.keys = append(n.keys, s)
+		if ds.m == nil {
+			ds.m = make(map[string]any)
 		}
-		n.m[s] = v
+		before := len(ds.m)
+		ds.m[s] = v
+		if len(ds.m) > before {
+			ds.keys = append(ds.keys, s)
+		}
 		return nil
 	}
-	h, err := hashKey(k, 0)
+	h, err := d.keys.keyOf(k)
 	if err != nil {
 		return d.fail(ErrMalformed, "%v", err)
 	}
-	if n.ordered == nil {
+	if ds.ordered == nil {
 		// First non-str key: move the str entries over in insertion order.
-		n.ordered = make([]Item, 0, len(n.keys)+1)
-		n.index = make(map[any]int, len(n.keys)+1)
-		for _, s := range n.keys {
-			n.index[s] = len(n.ordered)
-			n.ordered = append(n.ordered, Item{Key: s, Value: n.m[s]})
+		ds.ordered = make([]Item, 0, len(ds.keys)+1)
+		ds.index = make(map[keyID]int, len(ds.keys)+1)
+		for _, s := range ds.keys {
+			ks, _ := d.keys.keyOf(s) // a str always has an identity
+			ds.index[ks] = len(ds.ordered)
+			ds.ordered = append(ds.ordered, Item{Key: s, Value: ds.m[s]})
 		}
-		n.m, n.keys = nil, nil
+		ds.m, ds.keys = nil, nil
 	}
-	if i, dup := n.index[h]; dup {
-		n.ordered[i].Value = v
+	if i, dup := ds.index[h]; dup {
+		ds.ordered[i].Value = v
 		return nil
 	}
-	n.index[h] = len(n.ordered)
-	n.ordered = append(n.ordered, Item{Key: k, Value: v})
+	ds.index[h] = len(ds.ordered)
+	ds.ordered = append(ds.ordered, Item{Key: k, Value: v})
 	return nil
-}
-
-// Comparable stand-ins for key types that are not comparable (or not
-// comparable by value) in Go.
-type (
-	bigKey   string // *big.Int, by decimal value
-	bytesKey string // []byte
-	tupleKey string // tuple, by the encoded keys of its elements
-)
-
-// hashKey maps a decoded or under-construction value to a comparable Go
-// value such that two Python-equal keys (under Dict's rules) map to equal
-// values.
-func hashKey(k any, depth int) (any, error) {
-	switch v := k.(type) {
-	case nil, bool, int64, float64, string:
-		return v, nil
-	case *big.Int:
-		return bigKey(v.String()), nil
-	case []byte:
-		return bytesKey(v), nil
-	case *node:
-		if v.kind != kindTuple {
-			return nil, fmt.Errorf("unhashable dict key of type %s", typeName(v))
-		}
-		return tupleHash(v.items, depth)
-	case []any: // a converted tuple (Dict.Get on a decoded key)
-		return tupleHash(v, depth)
-	}
-	return nil, fmt.Errorf("unhashable dict key of type %T", k)
-}
-
-func tupleHash(items []any, depth int) (any, error) {
-	if depth >= maxKeyDepth {
-		return nil, errors.New("dict key nested too deeply")
-	}
-	b := make([]byte, 0, 16*len(items))
-	for _, it := range items {
-		h, err := hashKey(it, depth+1)
-		if err != nil {
-			return nil, err
-		}
-		// Type-tagged, length-prefixed encoding keeps distinct tuples distinct.
-		var s string
-		var tag byte
-		switch hv := h.(type) {
-		case nil:
-			tag = 'N'
-		case bool:
-			tag, s = 'b', strconv.FormatBool(hv)
-		case int64:
-			tag, s = 'i', strconv.FormatInt(hv, 10)
-		case float64:
-			tag, s = 'f', strconv.FormatUint(math.Float64bits(hv), 16)
-		case string:
-			tag, s = 's', hv
-		case bigKey:
-			tag, s = 'I', string(hv)
-		case bytesKey:
-			tag, s = 'y', string(hv)
-		case tupleKey:
-			tag, s = 't', string(hv)
-		}
-		b = append(b, tag)
-		b = strconv.AppendInt(b, int64(len(s)), 10)
-		b = append(b, ':')
-		b = append(b, s...)
-	}
-	return tupleKey(b), nil
 }
 
 func typeName(v any) string {
@@ -807,7 +797,7 @@ func (d *decoder) step() error {
 		return d.appendItems(t, items)
 
 	case opEmptyTuple:
-		d.push(&node{kind: kindTuple, items: []any{}})
+		d.push(&node{kind: kindTuple, depth: 1, items: []any{}})
 	case opTuple:
 		items, err := d.popMark()
 		if err != nil {
@@ -906,13 +896,15 @@ func convert(v any) any {
 					n.items = []any{}
 				}
 				n.out = n.items
-			case n.ordered != nil:
-				n.out = &Dict{Items: n.ordered}
+			case n.dict == nil:
+				n.out = map[string]any{}
+			case n.dict.ordered != nil:
+				n.out = &Dict{Items: n.dict.ordered}
 			default:
-				if n.m == nil {
-					n.m = map[string]any{}
+				if n.dict.m == nil {
+					n.dict.m = map[string]any{}
 				}
-				n.out = n.m
+				n.out = n.dict.m
 			}
 			work = append(work, n)
 		}
@@ -927,19 +919,22 @@ func convert(v any) any {
 			for i, it := range n.items {
 				n.items[i] = visit(it)
 			}
-		case n.ordered != nil:
-			for i := range n.ordered {
-				n.ordered[i].Key = visit(n.ordered[i].Key)
-				n.ordered[i].Value = visit(n.ordered[i].Value)
+		case n.dict == nil:
+		case n.dict.ordered != nil:
+			ds := n.dict
+			for i := range ds.ordered {
+				ds.ordered[i].Key = visit(ds.ordered[i].Key)
+				ds.ordered[i].Value = visit(ds.ordered[i].Value)
 			}
-			n.index = nil
+			n.dict = nil
 		default:
-			for k, val := range n.m {
+			ds := n.dict
+			for k, val := range ds.m {
 				if _, isNode := val.(*node); isNode {
-					n.m[k] = visit(val)
+					ds.m[k] = visit(val)
 				}
 			}
-			n.keys = nil
+			n.dict = nil
 		}
 	}
 	return out

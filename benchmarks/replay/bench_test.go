@@ -21,6 +21,13 @@ func tracesDir() string {
 	if d := os.Getenv(tracesEnv); d != "" {
 		return d
 	}
+	// The module root's sibling shared/traces (the main checkout), then
+	// the shared folder of the workplace (a worktree one level deeper).
+	for _, d := range []string{filepath.Join("..", "..", "..", "shared", "traces"), "/work/shared/traces"} {
+		if _, err := os.Stat(d); err == nil {
+			return d
+		}
+	}
 	return filepath.Join("..", "..", "..", "shared", "traces")
 }
 

@@ -18,7 +18,7 @@
 //	Free          → Free(address of id)         unknown ids are skipped and counted
 //	RecordStream  → RecordStream(address, stream)
 //	StreamSync    → Synchronize(stream)
-//	EmptyCache    → EmptyCache()
+//	EmptyCache    → EmptyCache()                skipped with Options.IgnoreReleases
 //	Mark          → nothing (counted)
 //
 // Trace stream 0 is the allocator's default stream; every other trace
@@ -26,6 +26,14 @@
 // An Alloc that fails with out-of-memory is counted and its id remembered
 // as failed, so its Free and RecordStream events are skipped too; with
 // Options.StopOnOOM the replay stops there instead.
+//
+// EmptyCache events are the releases a trace records. The PyTorch
+// importer infers them from the segments PyTorch freed (trace.PyTorchTrace
+// Releases): replaying them reproduces what the program did (its
+// empty_cache calls, PyTorch's release-and-retry), which is what a
+// comparison with PyTorch's recorded reserved memory needs; ignoring them
+// measures what the allocator reserves on its own. Report.ReleasesApplied
+// and ReleasesIgnored count both.
 //
 // Each id moves through a small state machine:
 //

@@ -86,7 +86,24 @@ type Options struct {
 	// steady state after a warm-up, where a caching allocator should make
 	// none.
 	SteadyFromMark uint64
+	// IgnoreReleases skips EmptyCache events (counted in
+	// Report.ReleasesIgnored) instead of applying them. The PyTorch
+	// importer turns the cache releases a snapshot records into EmptyCache
+	// events, so this replays what the allocator alone would reserve
+	// without the program's (or PyTorch's out-of-memory) releases.
+	IgnoreReleases bool
+	// Snapshot, if set, receives a PyTorch memory snapshot of the replay
+	// (allocator.WriteSnapshot, which memory_viz opens) after the last
+	// event. The memory history is recorded from the first event, at most
+	// SnapshotEntries entries (DefaultSnapshotEntries when 0; older ones
+	// are dropped), without call stacks.
+	Snapshot        io.Writer
+	SnapshotEntries int
 }
+
+// DefaultSnapshotEntries is the history size Options.Snapshot records by
+// default.
+const DefaultSnapshotEntries = 1 << 20
 
 // Sample is the state of the replay after Event events.
 type Sample struct {
@@ -119,8 +136,12 @@ type Report struct {
 	RecordStreams int64 `json:"record_streams"` // RecordStream events
 	StreamSyncs   int64 `json:"stream_syncs"`   // StreamSync events
 	EmptyCaches   int64 `json:"empty_caches"`   // EmptyCache events
-	Marks         int64 `json:"marks"`          // Mark events
-	Streams       int   `json:"streams"`        // distinct non-default trace streams (emulator streams created)
+	// ReleasesApplied counts the EmptyCache events applied and
+	// ReleasesIgnored those skipped (Options.IgnoreReleases).
+	ReleasesApplied int64 `json:"releases_applied"`
+	ReleasesIgnored int64 `json:"releases_ignored,omitempty"`
+	Marks           int64 `json:"marks"`   // Mark events
+	Streams         int   `json:"streams"` // distinct non-default trace streams (emulator streams created)
 
 	SkippedFrees    int64 `json:"skipped_frees"`    // Free of an id that was never allocated or already freed
 	FailedFrees     int64 `json:"failed_frees"`     // Free of an id whose Alloc ran out of memory
@@ -242,6 +263,17 @@ func newRunner(opts Options) (*runner, error) {
 	if err != nil {
 		_ = emu.Close()
 		return nil, fmt.Errorf("%w: %w", ErrInvalidOptions, err)
+	}
+	if opts.Snapshot != nil {
+		n := opts.SnapshotEntries
+		if n == 0 {
+			n = DefaultSnapshotEntries
+		}
+		if err := a.RecordHistory(allocator.HistoryOptions{MaxEntries: n}); err != nil {
+			_ = a.Close()
+			_ = emu.Close()
+			return nil, fmt.Errorf("%w: SnapshotEntries: %w", ErrInvalidOptions, err)
+		}
 	}
 	r := &runner{
 		opts:     opts,
@@ -474,6 +506,11 @@ func (r *runner) run(ctx context.Context, events trace.EventReader) (*Report, er
 			return nil, fmt.Errorf("replay: after %d events: %w", n, err)
 		}
 	}
+	if r.opts.Snapshot != nil {
+		if err := r.a.WriteSnapshot(r.opts.Snapshot); err != nil {
+			return nil, fmt.Errorf("replay: writing the snapshot: %w", err)
+		}
+	}
 	r.finish(callsBefore, simBefore)
 	return rep, nil
 }
@@ -555,6 +592,11 @@ func (r *runner) apply(e trace.Event, n int64) error {
 		}
 	case trace.EmptyCache:
 		rep.EmptyCaches++
+		if r.opts.IgnoreReleases {
+			rep.ReleasesIgnored++
+			return nil
+		}
+		rep.ReleasesApplied++
 		if err := r.a.EmptyCache(); err != nil {
 			return fmt.Errorf("replay: event %d (%v): %w", n, e, err)
 		}

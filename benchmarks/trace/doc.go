@@ -72,7 +72,11 @@
 //
 // Blank lines are ignored and "#" starts a comment that runs to the end of
 // the line. Comment lines of the form "# key: value" before the first
-// event set Info (keys name, source, device). Events are a keyword,
+// event set Info (keys name, source, device; surrounding white space is
+// trimmed). Such a value obeys the writers' rule, at most 4096 bytes and
+// no line break (a '\r' inside the line counts): otherwise the reader
+// fails with ErrCorrupt, so a text trace that reads can always be written
+// again (converted). Events are a keyword,
 // positional numbers, then key=value fields in any order:
 //
 //	alloc <id> <size> [s=<stream>] [t=<ns>]   alloc 17 1048576 s=0 t=123
@@ -97,5 +101,8 @@
 // anything but plain data. ImportRMMLog reads RMM's logging_resource_adaptor
 // CSV. Both key allocations by address, assign fresh sequential ids, and
 // count (rather than fail on) frees they cannot match, as happens when
-// recording started mid-run.
+// recording started mid-run. The PyTorch importer also turns each run of
+// segment_free/segment_unmap entries (PyTorch releasing its cache) into an
+// EmptyCache event, and says whether the file lets PyTorch's reserved peak
+// be known (PyTorchTrace.PeakReservedKnown).
 package trace

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"strconv"
+	"strings"
 )
 
 // Kind is the type of an Event.
@@ -115,18 +116,42 @@ func (in *Info) set(key, val string) {
 	}
 }
 
+// isInfoKey reports whether key names an Info field.
+func isInfoKey(key string) bool { return key == "name" || key == "source" || key == "device" }
+
+// checkInfoValue says why val cannot be stored as an Info value, the rule
+// every writer and reader applies: at most maxInfoValue bytes, no line
+// break.
+func checkInfoValue(key, val string) error {
+	if len(val) > maxInfoValue {
+		return fmt.Errorf("%s is %d bytes (limit %d)", key, len(val), maxInfoValue)
+	}
+	if strings.ContainsAny(val, "\r\n") {
+		return fmt.Errorf("%s contains a line break", key)
+	}
+	return nil
+}
+
 func (in Info) validate() error {
 	for _, f := range in.fields() {
-		if len(f.val) > maxInfoValue {
-			return fmt.Errorf("%w: %s is %d bytes (limit %d)", ErrInvalidInfo, f.key, len(f.val), maxInfoValue)
-		}
-		for i := 0; i < len(f.val); i++ {
-			if c := f.val[i]; c == '\n' || c == '\r' {
-				return fmt.Errorf("%w: %s contains a line break", ErrInvalidInfo, f.key)
-			}
+		if err := checkInfoValue(f.key, f.val); err != nil {
+			return fmt.Errorf("%w: %v", ErrInvalidInfo, err)
 		}
 	}
 	return nil
+}
+
+// maxQuoted is how much of an input field an error message quotes.
+const maxQuoted = 64
+
+// clip returns b for quoting in an error message: whole when short, else
+// its first maxQuoted bytes and its length, so that a hostile field of a
+// megabyte does not become a megabyte of message.
+func clip[T ~string | ~[]byte](b T) string {
+	if len(b) <= maxQuoted {
+		return string(b)
+	}
+	return string(b[:maxQuoted]) + "... (" + strconv.Itoa(len(b)) + " bytes)"
 }
 
 // Sentinel errors, matched with errors.Is.

@@ -48,7 +48,12 @@ func TestImportPyTorchFixture(t *testing.T) {
 		{Kind: Free, ID: 1, Stream: 0, TimeNs: 5000},
 		{Kind: Free, ID: 2, Stream: 1, TimeNs: 6000}, // implicit free of the duplicated address
 		{Kind: Alloc, ID: 3, Size: 500, Stream: 1, TimeNs: 6000},
+		{Kind: EmptyCache, TimeNs: 9000},  // segment_free: a release
+		{Kind: EmptyCache, TimeNs: 11000}, // segment_unmap after a segment_map: another
 	}, tr.Events)
+	assert.Equal(t, 2, tr.Releases)
+	assert.Equal(t, 1, tr.UnmatchedSegmentFrees)
+	assert.False(t, tr.PeakReservedKnown, "a segment freed that the trace never saw created")
 	assert.Equal(t, 13, tr.Entries)
 	assert.Equal(t, 3, tr.Allocs)
 	assert.Equal(t, 1, tr.Frees)
@@ -136,14 +141,38 @@ func TestImportPyTorchErrors(t *testing.T) {
 
 func sharedTrace(t testing.TB, name string) string {
 	t.Helper()
-	_, file, _, ok := runtime.Caller(0)
-	require.True(t, ok)
-	// benchmarks/trace -> module root -> ../shared/traces
-	p := filepath.Join(filepath.Dir(file), "..", "..", "..", "shared", "traces", name)
+	dir, err := tracesDir()
+	if err != nil {
+		t.Skipf("trace %s not available: %v", name, err)
+	}
+	p := filepath.Join(dir, name)
 	if _, err := os.Stat(p); err != nil {
 		t.Skipf("trace %s not available: %v", name, err)
 	}
 	return p
+}
+
+// tracesDir finds the real traces kept outside the repository: in
+// $VMMALLOC_TRACES, else in shared/traces beside the module root or beside
+// one of its ancestors (a worktree may sit deeper than the main checkout).
+func tracesDir() (string, error) {
+	if d := os.Getenv("VMMALLOC_TRACES"); d != "" {
+		return d, nil
+	}
+	_, file, _, ok := runtime.Caller(0)
+	if !ok {
+		return "", errors.New("no caller information")
+	}
+	for d := filepath.Dir(file); ; {
+		if st, err := os.Stat(filepath.Join(d, "shared", "traces")); err == nil && st.IsDir() {
+			return filepath.Join(d, "shared", "traces"), nil
+		}
+		up := filepath.Dir(d)
+		if up == d {
+			return "", errors.New("no shared/traces beside the module or its ancestors (set VMMALLOC_TRACES)")
+		}
+		d = up
+	}
 }
 
 // roundGB rounds bytes to GB (1e9) with two decimals, as the traces README
@@ -182,6 +211,8 @@ func TestImportRealSnapshots(t *testing.T) {
 			assert.Equal(t, false, tr.Settings["expandable_segments"])
 			assert.Equal(t, tr.Frees, tr.FreeRequests)
 			assert.Equal(t, tr.Allocs+tr.Frees, len(tr.Events))
+			assert.Zero(t, tr.Releases)
+			assert.True(t, tr.PeakReservedKnown)
 			assert.Equal(t, tr.Entries, tr.Allocs+tr.Frees+tr.FreeRequests+tr.SegmentAllocs)
 
 			s, err := Summarize(tr.Reader())
@@ -287,4 +318,95 @@ func TestImportRMMLogErrors(t *testing.T) {
 	boom := errors.New("boom")
 	_, err := ImportRMMLog(errorReader{boom})
 	assert.ErrorIs(t, err, boom)
+}
+
+// entry builds one device_traces entry as the pickle decoder returns it.
+func entry(action string, addr, size int64, stream int64, us int64) map[string]any {
+	return map[string]any{"action": action, "addr": addr, "size": size, "stream": stream, "time_us": us}
+}
+
+func TestImportPyTorchReleases(t *testing.T) {
+	const mb = 1 << 20
+	tests := []struct {
+		name     string
+		entries  []any
+		kinds    []Kind
+		releases int
+		known    bool
+		peak     uint64
+	}{
+		{
+			name: "self-contained, no release",
+			entries: []any{
+				entry("segment_alloc", 0x1000, 2*mb, 0, 1),
+				entry("alloc", 0x1000, mb, 0, 2),
+				entry("free_completed", 0x1000, mb, 0, 3),
+			},
+			kinds: []Kind{Alloc, Free}, known: true, peak: 2 * mb,
+		},
+		{
+			name: "one run of segment frees is one release, before the next alloc",
+			entries: []any{
+				entry("segment_alloc", 0x1000, 2*mb, 0, 1),
+				entry("segment_alloc", 0x9000, 4*mb, 7, 2),
+				entry("alloc", 0x1000, mb, 0, 3),
+				entry("free_completed", 0x1000, mb, 0, 4),
+				entry("segment_free", 0x1000, 2*mb, 0, 5),
+				entry("segment_free", 0x9000, 4*mb, 7, 6),
+				entry("segment_alloc", 0x1000, 8*mb, 0, 7),
+				entry("alloc", 0x1000, 8*mb, 0, 8),
+				entry("segment_free", 0x1000, 8*mb, 0, 9), // a second run
+			},
+			kinds: []Kind{Alloc, Free, EmptyCache, Alloc, EmptyCache}, releases: 2, known: true, peak: 8 * mb,
+		},
+		{
+			name: "free of a block allocated before recording began",
+			entries: []any{
+				entry("segment_alloc", 0x1000, 2*mb, 0, 1),
+				entry("free_completed", 0x5000, mb, 0, 2),
+			},
+			kinds: []Kind{}, known: false, peak: 2 * mb,
+		},
+		{
+			name: "segment freed that the trace never saw created",
+			entries: []any{
+				entry("segment_alloc", 0x1000, 8*mb, 0, 1),
+				entry("segment_free", 0x9000, 2*mb, 0, 2),
+			},
+			kinds: []Kind{EmptyCache}, releases: 1, known: false, peak: 8 * mb,
+		},
+		{
+			name:    "no segment entries",
+			entries: []any{entry("alloc", 0x1000, mb, 0, 1)},
+			kinds:   []Kind{Alloc}, known: false,
+		},
+		{
+			name: "expandable: map and unmap",
+			entries: []any{
+				entry("segment_map", 0x1000, 20*mb, 0, 1),
+				entry("alloc", 0x1000, 20*mb, 0, 2),
+				entry("free_completed", 0x1000, 20*mb, 0, 3),
+				entry("segment_unmap", 0x1000, 20*mb, 0, 4),
+				entry("segment_unmap", 0x2000, 0, 0, 5),
+			},
+			kinds: []Kind{Alloc, Free, EmptyCache}, releases: 1, known: true, peak: 20 * mb,
+		},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			tr := &PyTorchTrace{Streams: []int64{0}}
+			require.NoError(t, tr.convert(tc.entries))
+			kinds := []Kind{}
+			for _, e := range tr.Events {
+				kinds = append(kinds, e.Kind)
+			}
+			assert.Equal(t, tc.kinds, kinds)
+			assert.Equal(t, tc.releases, tr.Releases)
+			assert.Equal(t, tc.known, tr.PeakReservedKnown)
+			assert.Equal(t, tc.peak, tr.PeakReserved)
+			// The events are a valid trace.
+			_, err := Summarize(tr.Reader())
+			require.NoError(t, err)
+		})
+	}
 }

@@ -19,23 +19,30 @@ type Point struct {
 // PyTorchTrace is a PyTorch CUDA memory snapshot converted to events, with
 // PyTorch's own reserved-memory curve for comparison.
 type PyTorchTrace struct {
-	Events []Event // Alloc and Free events, in trace order
+	Events []Event // Alloc, Free and EmptyCache events, in trace order
 	Info   Info    // Source and Device filled in
 	Device int     // index into the snapshot's device_traces
 
-	Entries         int            // trace entries for Device, all actions
-	Allocs          int            // "alloc" entries (each became an Alloc event)
-	Frees           int            // "free_completed" entries that became Free events
-	FreeRequests    int            // "free_requested" entries (not replayed; see ImportPyTorchSnapshot)
-	UnmatchedFrees  int            // "free_completed" entries for an address with no live alloc (skipped)
-	DuplicateAllocs int            // "alloc" of an address already live (the older allocation was freed first)
-	OOMs            int            // "oom" entries (failed requests; not replayed)
-	Snapshots       int            // "snapshot" entries (ignored)
-	SegmentAllocs   int            // "segment_alloc" entries
-	SegmentFrees    int            // "segment_free" entries
-	SegmentMaps     int            // "segment_map" entries (expandable segments)
-	SegmentUnmaps   int            // "segment_unmap" entries
-	UnknownActions  map[string]int // entries with any other action, by action; nil if none
+	Entries         int // trace entries for Device, all actions
+	Allocs          int // "alloc" entries (each became an Alloc event)
+	Frees           int // "free_completed" entries that became Free events
+	FreeRequests    int // "free_requested" entries (not replayed; see ImportPyTorchSnapshot)
+	UnmatchedFrees  int // "free_completed" entries for an address with no live alloc (skipped)
+	DuplicateAllocs int // "alloc" of an address already live (the older allocation was freed first)
+	OOMs            int // "oom" entries (failed requests; not replayed)
+	Snapshots       int // "snapshot" entries (ignored)
+	SegmentAllocs   int // "segment_alloc" entries
+	SegmentFrees    int // "segment_free" entries
+	SegmentMaps     int // "segment_map" entries (expandable segments)
+	SegmentUnmaps   int // "segment_unmap" entries
+	// Releases is the EmptyCache events inferred from segment_free /
+	// segment_unmap entries: one per run of consecutive such entries (see
+	// ImportPyTorchSnapshot).
+	Releases int
+	// UnmatchedSegmentFrees counts segment_free entries of an address no
+	// recorded segment_alloc created (the segment predates the trace).
+	UnmatchedSegmentFrees int
+	UnknownActions        map[string]int // entries with any other action, by action (its first maxActionName bytes); nil if none
 
 	PeakLive       uint64 // peak of allocated-and-not-yet-freed bytes over the trace
 	LiveAllocsEnd  int    // allocations still live after the last entry
@@ -44,9 +51,17 @@ type PyTorchTrace struct {
 
 	// PyTorch's reserved memory, from the segment entries: +size on
 	// segment_alloc/segment_map, -size on segment_free/segment_unmap.
+	// PeakReserved is meaningful only when PeakReservedKnown is true.
 	PeakReserved     uint64
 	ReservedCurve    []Point // one point per segment entry
 	ReservedBaseline uint64  // bytes added to the whole curve so it never goes below 0 (segments freed that the trace never saw created)
+	// PeakReservedKnown reports whether the file lets PyTorch's reserved
+	// peak be known: it records segment entries, every segment it frees or
+	// unmaps it saw created, and every block it frees it saw allocated (so
+	// recording did not begin mid-run with memory already reserved). When
+	// false, PeakReserved is only a lower bound of what PyTorch reserved
+	// and must be reported as unknown.
+	PeakReservedKnown bool
 
 	StartTimeUs int64   // time_us of the first entry; Event.TimeNs is (time_us - StartTimeUs) * 1000
 	Streams     []int64 // Streams[i] is PyTorch's stream handle for Event.Stream i; Streams[0] == 0 (the default stream)
@@ -57,8 +72,8 @@ type PyTorchTrace struct {
 	// When it exceeds what the trace accounts for, recording began after
 	// memory had already been reserved.
 	SnapshotSegments  int    // segments
-	SnapshotReserved  uint64 // sum of total_size
-	SnapshotAllocated uint64 // sum of allocated_size
+	SnapshotReserved  uint64 // sum of total_size (saturates at MaxUint64)
+	SnapshotAllocated uint64 // sum of allocated_size (saturates at MaxUint64)
 }
 
 // Reader returns an EventReader over t.Events.
@@ -66,6 +81,9 @@ func (t *PyTorchTrace) Reader() EventReader { return NewSliceReader(t.Events) }
 
 // maxSnapshotBytes bounds the snapshot size ImportPyTorchSnapshot reads.
 const maxSnapshotBytes = 4 << 30
+
+// maxActionName is how much of an unknown action UnknownActions keeps.
+const maxActionName = 64
 
 // ImportPyTorchSnapshot decodes a PyTorch memory snapshot (the pickle
 // written by torch.cuda.memory._dump_snapshot after
@@ -86,10 +104,24 @@ const maxSnapshotBytes = 4 << 30
 //     (the trace began mid-run, or its ring buffer wrapped) is skipped and
 //     counted in UnmatchedFrees.
 //   - free_requested: counted only.
-//   - segment_alloc, segment_map / segment_free, segment_unmap: no event;
-//     they build ReservedCurve and PeakReserved.
+//   - segment_alloc, segment_map: no event; they build ReservedCurve and
+//     PeakReserved.
+//   - segment_free, segment_unmap: they build ReservedCurve too, and the
+//     first of each run of consecutive such entries becomes an EmptyCache
+//     event (counted in Releases). The replayed allocator never frees a
+//     segment on its own while memory is plentiful, so such an entry is
+//     PyTorch releasing cached memory, because the program called
+//     empty_cache or because cudaMalloc failed and PyTorch released its
+//     cache and retried (release_cached_blocks). Both free every free
+//     segment of every stream at once, hence one EmptyCache per run.
+//     Replays may ignore them (replay.Options.IgnoreReleases). A snapshot
+//     vmmalloc wrote (allocator_settings backend "vmmalloc") yields none:
+//     there segment unmaps are the allocator's own decisions, which a
+//     replay makes again.
 //   - oom: counted (the failed request is not replayed); snapshot: ignored;
-//     anything else: counted in UnknownActions.
+//     anything else: counted in UnknownActions, by its first 64 bytes
+//     (so that a long action shared by many entries is not hashed whole
+//     for each).
 //
 // Allocations still live at the end are left live (no Free is invented).
 // A structurally unexpected snapshot yields ErrSnapshot.
@@ -140,8 +172,10 @@ func typeOf(v any) string {
 	switch v.(type) {
 	case nil:
 		return "None"
-	case map[string]any, *pickle.Dict:
+	case map[string]any:
 		return "a dict"
+	case *pickle.Dict:
+		return "a dict with non-str keys"
 	case []any:
 		return "a list"
 	case string:
@@ -180,10 +214,19 @@ func (t *PyTorchTrace) readSegments(raw any) error {
 			return fmt.Errorf("%w: segments[%d] lacks non-negative total_size/allocated_size", ErrSnapshot, i)
 		}
 		t.SnapshotSegments++
-		t.SnapshotReserved += uint64(total)
-		t.SnapshotAllocated += uint64(alloc)
+		t.SnapshotReserved = addSaturating(t.SnapshotReserved, uint64(total))
+		t.SnapshotAllocated = addSaturating(t.SnapshotAllocated, uint64(alloc))
 	}
 	return nil
+}
+
+// addSaturating returns a+b, or MaxUint64 when that overflows (a snapshot
+// may list one huge segment many times through the pickle memo).
+func addSaturating(a, b uint64) uint64 {
+	if a+b < a {
+		return math.MaxUint64
+	}
+	return a + b
 }
 
 type liveAlloc struct {
@@ -199,6 +242,8 @@ func (t *PyTorchTrace) convert(entries []any) error {
 	var reserved, minReserved, maxReserved int64
 	var lastTimeNs int64
 	haveStart := false
+	segs := make(map[int64]uint64) // address -> size of segments seen created, not freed
+	inRelease := false             // the previous entry was a segment_free/segment_unmap
 
 	for i, raw := range entries {
 		m, ok := raw.(map[string]any)
@@ -212,6 +257,9 @@ func (t *PyTorchTrace) convert(entries []any) error {
 		if !ok {
 			return bad("no action")
 		}
+		releasing := action == "segment_free" || action == "segment_unmap"
+		startsRelease := releasing && !inRelease && !t.WrittenByVMMalloc()
+		inRelease = releasing
 		// Time: relative to the first entry; an entry without time_us keeps
 		// the previous time.
 		timeNs := lastTimeNs
@@ -302,23 +350,33 @@ func (t *PyTorchTrace) convert(entries []any) error {
 		case "free_requested":
 			t.FreeRequests++
 		case "segment_alloc", "segment_map", "segment_free", "segment_unmap":
-			_, size, err := addrSize()
+			addr, size, err := addrSize()
 			if err != nil {
 				return err
 			}
 			if size > math.MaxInt64/2 {
 				return bad("segment size %d out of range", size)
 			}
+			if startsRelease {
+				t.Events = append(t.Events, Event{Kind: EmptyCache, TimeNs: timeNs})
+				t.Releases++
+			}
 			switch action {
 			case "segment_alloc":
 				t.SegmentAllocs++
 				reserved += int64(size)
+				segs[addr] = size
 			case "segment_map":
 				t.SegmentMaps++
 				reserved += int64(size)
 			case "segment_free":
 				t.SegmentFrees++
 				reserved -= int64(size)
+				if _, ok := segs[addr]; ok {
+					delete(segs, addr)
+				} else {
+					t.UnmatchedSegmentFrees++
+				}
 			default:
 				t.SegmentUnmaps++
 				reserved -= int64(size)
@@ -338,6 +396,9 @@ func (t *PyTorchTrace) convert(entries []any) error {
 			if t.UnknownActions == nil {
 				t.UnknownActions = make(map[string]int)
 			}
+			if len(action) > maxActionName {
+				action = action[:maxActionName]
+			}
 			t.UnknownActions[action]++
 		}
 	}
@@ -347,7 +408,16 @@ func (t *PyTorchTrace) convert(entries []any) error {
 		t.ReservedCurve[i].Bytes = uint64(int64(t.ReservedCurve[i].Bytes) + baseline)
 	}
 	t.PeakReserved = uint64(maxReserved + baseline)
+	t.PeakReservedKnown = t.SegmentAllocs+t.SegmentMaps > 0 && baseline == 0 &&
+		t.UnmatchedSegmentFrees == 0 && t.UnmatchedFrees == 0
 	t.LiveAllocsEnd = len(live)
 	t.LiveBytesEnd = liveBytes
 	return nil
+}
+
+// WrittenByVMMalloc reports whether the snapshot was written by vmmalloc
+// (allocator.WriteSnapshot): its allocator_settings name backend "vmmalloc".
+func (t *PyTorchTrace) WrittenByVMMalloc() bool {
+	b, _ := t.Settings["backend"].(string)
+	return b == "vmmalloc"
 }

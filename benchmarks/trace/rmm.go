@@ -72,7 +72,7 @@ func ImportRMMLog(r io.Reader) (*RMMTrace, error) {
 	}
 	for _, need := range []string{"action", "pointer", "size"} {
 		if col[need] < 0 {
-			return nil, fmt.Errorf("%w: header %q lacks column %q", ErrRMMLog, strings.Join(header, ","), need)
+			return nil, fmt.Errorf("%w: header %q lacks column %q", ErrRMMLog, clip(strings.Join(header, ",")), need)
 		}
 	}
 
@@ -129,7 +129,7 @@ func ImportRMMLog(r io.Reader) (*RMMTrace, error) {
 			continue
 		}
 		if action != "allocate" && action != "free" && action != "deallocate" {
-			return nil, bad("unknown action %q", field("action"))
+			return nil, bad("unknown action %q", clip(field("action")))
 		}
 		ptr, err := parseRMMHandle(field("pointer"))
 		if err != nil {
@@ -137,7 +137,7 @@ func ImportRMMLog(r io.Reader) (*RMMTrace, error) {
 		}
 		size, err := strconv.ParseUint(field("size"), 10, 64)
 		if err != nil {
-			return nil, bad("size %q: not a non-negative integer", field("size"))
+			return nil, bad("size %q: not a non-negative integer", clip(field("size")))
 		}
 		var s uint64
 		if raw := field("stream"); raw != "" {
@@ -213,13 +213,13 @@ func parseRMMHandle(s string) (uint64, error) {
 	if h, ok := strings.CutPrefix(strings.ToLower(s), "0x"); ok {
 		v, err := strconv.ParseUint(h, 16, 64)
 		if err != nil {
-			return 0, fmt.Errorf("bad hexadecimal %q", s)
+			return 0, fmt.Errorf("bad hexadecimal %q", clip(s))
 		}
 		return v, nil
 	}
 	v, err := strconv.ParseUint(s, 10, 64)
 	if err != nil {
-		return 0, fmt.Errorf("bad value %q", s)
+		return 0, fmt.Errorf("bad value %q", clip(s))
 	}
 	return v, nil
 }
@@ -230,19 +230,19 @@ func parseRMMTime(s string) (ns int64, clock bool, err error) {
 	if strings.Contains(s, ":") {
 		parts := strings.Split(s, ":")
 		if len(parts) != 3 {
-			return 0, false, fmt.Errorf("bad time %q (want HH:MM:SS.ffffff)", s)
+			return 0, false, fmt.Errorf("bad time %q (want HH:MM:SS.ffffff)", clip(s))
 		}
 		h, err1 := strconv.ParseUint(parts[0], 10, 8)
 		m, err2 := strconv.ParseUint(parts[1], 10, 8)
 		sec, err3 := parseSeconds(parts[2])
 		if err1 != nil || err2 != nil || err3 != nil || h > 23 || m > 59 || sec >= 61e9 {
-			return 0, false, fmt.Errorf("bad time %q (want HH:MM:SS.ffffff)", s)
+			return 0, false, fmt.Errorf("bad time %q (want HH:MM:SS.ffffff)", clip(s))
 		}
 		return int64(h)*3600e9 + int64(m)*60e9 + sec, true, nil
 	}
 	v, err := parseSeconds(s)
 	if err != nil {
-		return 0, false, fmt.Errorf("bad time %q (want HH:MM:SS.ffffff or seconds)", s)
+		return 0, false, fmt.Errorf("bad time %q (want HH:MM:SS.ffffff or seconds)", clip(s))
 	}
 	return v, false, nil
 }

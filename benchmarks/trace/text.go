@@ -196,7 +196,7 @@ func NewTextReader(r io.Reader) (*TextReader, error) {
 	line = bytes.TrimRight(line, " \t\r\n")
 	if string(line) != TextHeader {
 		if rest, ok := bytes.CutPrefix(line, []byte(textHeaderPrefix)); ok {
-			return nil, fmt.Errorf("%w: text trace version %q (this reader supports %d)", ErrVersion, rest, Version)
+			return nil, fmt.Errorf("%w: text trace version %q (this reader supports %d)", ErrVersion, clip(rest), Version)
 		}
 		return nil, fmt.Errorf("%w: line 1: missing %q header", ErrCorrupt, TextHeader)
 	}
@@ -219,7 +219,14 @@ func NewTextReader(r io.Reader) (*TextReader, error) {
 		}
 		kv := bytes.TrimSpace(content[1:])
 		if k, v, ok := bytes.Cut(kv, []byte(":")); ok {
-			t.info.set(string(bytes.TrimSpace(k)), string(bytes.TrimSpace(v)))
+			key, val := string(bytes.TrimSpace(k)), string(bytes.TrimSpace(v))
+			// Known keys obey the writers' rule, so that whatever this
+			// reader accepts can be written again (a lone '\r' inside a
+			// line is a line break to them).
+			if err := checkInfoValue(key, val); err != nil && isInfoKey(key) {
+				return nil, fmt.Errorf("%w: line %d: info %v", ErrCorrupt, t.line, err)
+			}
+			t.info.set(key, val)
 		}
 	}
 }
@@ -349,7 +356,7 @@ func parseLine(line []byte) (e Event, ok bool, err error) {
 	}
 	kind, known := parseKindBytes(tok)
 	if !known {
-		return Event{}, false, fmt.Errorf("unknown event %q", tok)
+		return Event{}, false, fmt.Errorf("unknown event %q", clip(tok))
 	}
 	e.Kind = kind
 	positional := 0
@@ -377,7 +384,7 @@ func parseLine(line []byte) (e Event, ok bool, err error) {
 			if len(tok) == 0 {
 				return Event{}, false, fmt.Errorf("%s: missing %s", kind, name)
 			}
-			return Event{}, false, fmt.Errorf("%s: bad %s %q", kind, name, tok)
+			return Event{}, false, fmt.Errorf("%s: bad %s %q", kind, name, clip(tok))
 		}
 		if p == 0 {
 			e.ID, seen = v, seen|seenID
@@ -392,7 +399,7 @@ func parseLine(line []byte) (e Event, ok bool, err error) {
 		}
 		k, v, found := bytes.Cut(tok, []byte("="))
 		if !found {
-			return Event{}, false, fmt.Errorf("%s: unexpected %q (want key=value)", kind, tok)
+			return Event{}, false, fmt.Errorf("%s: unexpected %q (want key=value)", kind, clip(tok))
 		}
 		var bit int
 		var good bool
@@ -410,13 +417,13 @@ func parseLine(line []byte) (e Event, ok bool, err error) {
 			bit = seenSize
 			e.Size, good = parseUint(v)
 		default:
-			return Event{}, false, fmt.Errorf("%s: unknown key %q", kind, k)
+			return Event{}, false, fmt.Errorf("%s: unknown key %q", kind, clip(k))
 		}
 		if seen&bit != 0 {
 			return Event{}, false, fmt.Errorf("%s: %s given twice", kind, k)
 		}
 		if !good {
-			return Event{}, false, fmt.Errorf("%s: bad value %q for %s", kind, v, k)
+			return Event{}, false, fmt.Errorf("%s: bad value %q for %s", kind, clip(v), k)
 		}
 		seen |= bit
 	}

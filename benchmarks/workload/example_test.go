@@ -68,4 +68,5 @@ func ExampleGenerate() {
 	// training true
 	// inference true
 	// mix true
+	// multistream true
 }

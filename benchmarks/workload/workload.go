@@ -120,11 +120,11 @@ func (g *gen) mark(n uint64) {
 func (g *gen) between(lo, hi int) int { return lo + g.rng.IntN(hi-lo+1) }
 
 // Names lists the workloads Generate knows, in a stable order.
-func Names() []string { return []string{"training", "inference", "mix"} }
+func Names() []string { return []string{"training", "inference", "mix", "multistream"} }
 
-// Generate runs the named workload ("training", "inference" or "mix") with
-// its default config and returns the events and a trace.Info describing
-// them. An unknown name yields ErrInvalidConfig.
+// Generate runs the named workload ("training", "inference", "mix" or
+// "multistream") with its default config and returns the events and a
+// trace.Info describing them. An unknown name yields ErrInvalidConfig.
 func Generate(name string, seed int64) ([]trace.Event, trace.Info, error) {
 	var ev []trace.Event
 	var err error
@@ -139,6 +139,9 @@ func Generate(name string, seed int64) ([]trace.Event, trace.Info, error) {
 	case "mix":
 		fn = "RandomMix"
 		ev, err = RandomMix(DefaultMixConfig(), seed)
+	case "multistream":
+		fn = "MultiStream"
+		ev, err = MultiStream(DefaultMultiStreamConfig(), seed)
 	default:
 		return nil, trace.Info{}, invalid("unknown workload %q (want one of %q)", name, Names())
 	}

@@ -30,6 +30,9 @@ func cmdGen(args []string, stdout, stderr io.Writer) error {
 	if err != nil {
 		return err
 	}
+	if outFmt == fmtPyTorch {
+		return usagef("gen writes binary or text traces; replay one with --snapshot for a PyTorch snapshot")
+	}
 	events, info, err := workload.Generate(*kind, *seed)
 	if err != nil {
 		if errors.Is(err, workload.ErrInvalidConfig) {
@@ -49,7 +52,9 @@ func cmdGen(args []string, stdout, stderr io.Writer) error {
 func cmdConvert(args []string, stdout, stderr io.Writer) error {
 	fs := newFlagSet("convert", "[flags] input", stdout)
 	from := fs.String("format", fmtAuto, "input format: auto, binary, text, pytorch or rmm")
-	to := fs.String("to", "", "output format: binary or text (default: text for a .txt output, else binary)")
+	to := fs.String("to", "", "output format: binary, text or pytorch (default: text for a .txt output, pytorch for .pickle, else binary)")
+	conf := fs.String("config", "", "with --to pytorch: the allocator `config` the trace is replayed with")
+	entries := fs.Int("snapshot-entries", replay.DefaultSnapshotEntries, "with --to pytorch: newest history entries kept")
 	out := fs.String("o", "-", "output `file` (- for stdout)")
 	device := fs.Int("device", 0, "device index of a PyTorch snapshot")
 	pos, err := parseArgs(fs, args)
@@ -78,6 +83,9 @@ func cmdConvert(args []string, stdout, stderr io.Writer) error {
 		return err
 	}
 	defer in.Close()
+	if outFmt == fmtPyTorch {
+		return convertToPyTorch(in, *conf, *out, *entries, stderr)
+	}
 	if err := writeTrace(*out, outFmt, in.info, in.reader(), stdout); err != nil {
 		return err
 	}
@@ -94,13 +102,18 @@ func outputFormat(flagVal, out string) (string, error) {
 		if strings.EqualFold(filepath.Ext(out), ".txt") {
 			return fmtText, nil
 		}
+		if strings.EqualFold(filepath.Ext(out), ".pickle") {
+			return fmtPyTorch, nil
+		}
 		return fmtBinary, nil
 	case fmtBinary, "bin":
 		return fmtBinary, nil
 	case fmtText, "txt":
 		return fmtText, nil
+	case fmtPyTorch:
+		return fmtPyTorch, nil
 	}
-	return "", usagef("unknown output format %q (want binary or text)", flagVal)
+	return "", usagef("unknown output format %q (want binary, text or pytorch)", flagVal)
 }
 
 func sameFile(a, b string) bool {

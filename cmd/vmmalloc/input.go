@@ -206,7 +206,13 @@ func openInput(path, format string, device int, stdin io.Reader) (*input, error)
 		return nil, fmt.Errorf("reading %s: %w", path, err)
 	}
 	if in.info.Name == "" && path != "-" {
-		in.info.Name = strings.TrimSuffix(filepath.Base(path), filepath.Ext(path))
+		// A file name may hold line breaks, which no trace can store.
+		in.info.Name = strings.Map(func(r rune) rune {
+			if r == '\r' || r == '\n' {
+				return ' '
+			}
+			return r
+		}, strings.TrimSuffix(filepath.Base(path), filepath.Ext(path)))
 	}
 	return in, nil
 }

@@ -23,13 +23,21 @@
 //	--strict         fail on frees of unknown blocks and allocations of live ones
 //	--json           print the report as JSON (--samples adds the time series)
 //	--svg file       write a plot of memory over time (every policy with --compare)
+//	--releases=false ignore the cache releases the trace records (a PyTorch snapshot's segment frees)
+//	--backend name   replay on emulated (default), cuda or acl (backend/drivers;
+//	                 also the config's backend key); a device replay scales the
+//	                 trace to fit the device and takes none of the emulator-only flags
+//	--snapshot file  write a PyTorch memory snapshot of the replay (open it at pytorch.org/memory_viz;
+//	                 a .html file is a page that opens the viewer itself)
 //
 // sweep replays a grid of policies × traces, one run per core at a time,
 // searching each run's minimum capacity; it prints a Markdown table and
 // writes PREFIX.md, PREFIX.csv and PREFIX.svg (min capacity against driver
-// calls). gen writes --kind training|inference|mix with --seed in --format
+// calls). gen writes --kind training|inference|mix|multistream with --seed in --format
 // binary|text to -o. convert reads any input format and writes binary or
-// text (--to, or from the -o extension: .txt is text).
+// text (--to, or from the -o extension: .txt is text), or, with --to
+// pytorch (or a .pickle output), replays the trace with --config and
+// writes the PyTorch memory snapshot of the run.
 //
 // Sizes are printed in binary units (MiB, GiB) and counts with thousands
 // separators. Warnings (skipped frees, out-of-memory allowed) go to

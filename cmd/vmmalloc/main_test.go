@@ -119,6 +119,23 @@ func orphanPickle() []byte {
 	})
 }
 
+// midRunPickle is a snapshot whose recording began mid-run: it frees a
+// block it never saw allocated and records no segment event, so PyTorch's
+// reserved peak cannot be known from it.
+func midRunPickle() []byte {
+	entry := func(action string, addr, size, t int) any {
+		return map[string]any{"action": action, "addr": addr, "size": size, "stream": 0, "time_us": t, "frames": []any{}}
+	}
+	return pickleOf(map[string]any{
+		"segments": []any{},
+		"device_traces": []any{[]any{
+			entry("free_completed", 0x1000, gib, 1000),
+			entry("alloc", 0x2000, gib/4, 1001),
+			entry("free_completed", 0x2000, gib/4, 1002),
+		}},
+	})
+}
+
 const rmmLog = `Thread,Time,Action,Pointer,Size,Stream
 1,08:00:00.000001,allocate,0x1000,1048576,0x0
 1,08:00:00.000002,allocate,0x2000,2097152,0x0
@@ -150,6 +167,7 @@ func fixtures(t *testing.T) map[string]string {
 		"noext":            bin.Bytes(),
 		"snap.pickle":      snap,
 		"snapdata":         snap, // detected by content
+		"midrun.pickle":    midRunPickle(),
 		"log.csv":          []byte(rmmLog),
 		"truncated.pickle": snap[:len(snap)/2],
 		"hostile.pickle":   []byte("\x80\x02cos\nsystem\nX\x02\x00\x00\x00ls\x85R."),
@@ -190,6 +208,8 @@ func TestRunSuccess(t *testing.T) {
 		{"replay binary without extension", []string{"replay", f["noext"]}, []string{"(binary"}},
 		{"replay text", []string{"replay", f["trace.txt"]}, []string{"(text", "4 (2 alloc, 2 free"}},
 		{"replay pickle", []string{"replay", f["snap.pickle"]}, []string{"(pytorch", "PyTorch recorded: peak reserved 2.00 GiB for 1.50 GiB peak live (1.3333×)"}},
+		{"replay pickle releases", []string{"replay", f["snap.pickle"]}, []string{"1 cache releases inferred from 1 segment frees/unmaps (1 applied)"}},
+		{"replay pickle mid-run", []string{"replay", f["midrun.pickle"]}, []string{"PyTorch recorded: peak reserved unknown"}},
 		{"replay pickle by content", []string{"replay", f["snapdata"]}, []string{"(pytorch"}},
 		{"replay rmm", []string{"replay", f["log.csv"]}, []string{"(rmm", "1 allocation failures"}},
 		{"replay forced format", []string{"replay", "--format", "binary", f["noext"]}, []string{"(binary"}},
@@ -257,8 +277,21 @@ func TestReplayJSON(t *testing.T) {
 		assert.Equal(t, float64(2*gib), m["pytorch_peak_reserved_bytes"])
 		assert.Equal(t, float64(3*gib/2), m["pytorch_peak_live_bytes"])
 		assert.Equal(t, float64(3*gib/2), m["peak_live_bytes"])
-		assert.Equal(t, 6.0, m["events"])
+		assert.Equal(t, 7.0, m["events"], "3 allocs, 3 frees and the release the segment_free implies")
+		assert.Equal(t, 1.0, m["releases_applied"])
+		assert.Equal(t, true, m["pytorch_peak_reserved_known"])
 		assert.NotEmpty(t, m["samples"])
+	})
+	t.Run("pytorch releases ignored", func(t *testing.T) {
+		m := decode(t, "replay", "--json", "--releases=false", f["snap.pickle"])
+		assert.Equal(t, 0.0, m["releases_applied"])
+		assert.Equal(t, 1.0, m["releases_ignored"])
+	})
+	t.Run("pytorch reserved unknown", func(t *testing.T) {
+		m := decode(t, "replay", "--json", f["midrun.pickle"])
+		assert.Equal(t, false, m["pytorch_peak_reserved_known"])
+		assert.NotContains(t, m, "pytorch_peak_reserved_bytes")
+		assert.NotContains(t, m, "pytorch_reserved_over_live")
 	})
 	t.Run("compare", func(t *testing.T) {
 		m := decode(t, "replay", "--json", "--compare", f["trace.txt"])
@@ -272,7 +305,7 @@ func TestReplayJSON(t *testing.T) {
 
 func TestGenAndConvert(t *testing.T) {
 	dir := t.TempDir()
-	for _, kind := range []string{"training", "inference", "mix"} {
+	for _, kind := range []string{"training", "inference", "mix", "multistream"} {
 		t.Run(kind, func(t *testing.T) {
 			bin := filepath.Join(dir, kind+".bin")
 			code, _, errs := runCLI("gen", "--kind", kind, "--seed", "3", "-o", bin)

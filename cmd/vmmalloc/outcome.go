@@ -34,12 +34,13 @@ func cliConfig(flagValue string) (allocator.Config, string, error) {
 	if _, err := allocator.ParseConfig(flagValue); err != nil {
 		return allocator.Config{}, "", usagef("--config: %w%s", err, keysHint(err))
 	}
-	combined := strings.Trim(env+","+flagValue, ",")
-	cfg, err := allocator.ParseConfig(combined)
+	base, _ := allocator.ParseConfig(env)
+	cfg, err := allocator.ParseConfigOver(base, flagValue)
 	if err != nil { // each parsed alone; together they may still conflict
 		return allocator.Config{}, "", usagef("%s with --config: %w", allocator.EnvVar, err)
 	}
-	return cfg, combined, nil
+	// The label names the flag's settings last, as they win.
+	return cfg, strings.Trim(env+","+flagValue, ","), nil
 }
 
 // keysHint lists the valid config keys after an unknown-key error.

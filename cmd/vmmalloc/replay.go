@@ -9,6 +9,7 @@ import (
 
 	"github.com/dustin/go-humanize"
 	"github.com/vmmalloc/vmmalloc/allocator"
+	"github.com/vmmalloc/vmmalloc/backend/drivers"
 	"github.com/vmmalloc/vmmalloc/benchmarks/replay"
 	"github.com/vmmalloc/vmmalloc/benchmarks/trace"
 	"github.com/vmmalloc/vmmalloc/benchmarks/workload"
@@ -29,6 +30,10 @@ type replayFlags struct {
 	check    bool
 	allowOOM bool
 	strict   bool
+	releases bool
+	backend  string
+	snapshot string // PyTorch memory snapshot output file
+	entries  int    // history entries the snapshot keeps
 }
 
 // jsonReport is the --json output: the report's fields at the top level,
@@ -42,12 +47,14 @@ type jsonReport struct {
 	// MinCapacity shadows Report.MinCapacity so that it is present exactly
 	// when the search was asked for.
 	MinCapacity *uint64 `json:"min_capacity_bytes,omitempty"`
-	// PyTorch's own figures, for PyTorch snapshots.
-	PyTorchPeakReserved     *uint64          `json:"pytorch_peak_reserved_bytes,omitempty"`
-	PyTorchPeakLive         *uint64          `json:"pytorch_peak_live_bytes,omitempty"`
-	PyTorchReservedOverLive *float64         `json:"pytorch_reserved_over_live,omitempty"`
-	Stats                   map[string]int64 `json:"stats"`
-	Compare                 []*replay.Report `json:"compare,omitempty"`
+	// PyTorch's own figures, for PyTorch snapshots. The reserved peak and
+	// its ratio are present only when the file lets them be known.
+	PyTorchPeakReservedKnown *bool            `json:"pytorch_peak_reserved_known,omitempty"`
+	PyTorchPeakReserved      *uint64          `json:"pytorch_peak_reserved_bytes,omitempty"`
+	PyTorchPeakLive          *uint64          `json:"pytorch_peak_live_bytes,omitempty"`
+	PyTorchReservedOverLive  *float64         `json:"pytorch_reserved_over_live,omitempty"`
+	Stats                    map[string]int64 `json:"stats"`
+	Compare                  []*replay.Report `json:"compare,omitempty"`
 }
 
 func cmdReplay(args []string, stdout, stderr io.Writer) error {
@@ -65,6 +72,10 @@ func cmdReplay(args []string, stdout, stderr io.Writer) error {
 	fs.BoolVar(&f.check, "check", false, "check the allocator's invariants after the replay")
 	fs.BoolVar(&f.allowOOM, "allow-oom", false, "exit 0 even when the replay runs out of device memory (exit status 4 otherwise)")
 	fs.BoolVar(&f.strict, "strict", false, "fail when the trace frees unknown blocks or allocates blocks already live")
+	fs.BoolVar(&f.releases, "releases", true, "apply the cache releases the trace records (empty_cache events; a PyTorch snapshot's segment frees); --releases=false ignores them")
+	fs.StringVar(&f.backend, "backend", "", "`driver` to replay on: "+backendChoices+" (default: the config's backend key, else emulated)")
+	fs.StringVar(&f.snapshot, "snapshot", "", "write a PyTorch memory snapshot of the replay (for pytorch.org/memory_viz) to `file`; a .html file opens the viewer")
+	fs.IntVar(&f.entries, "snapshot-entries", replay.DefaultSnapshotEntries, "newest history entries the --snapshot keeps")
 	pos, err := parseArgs(fs, args)
 	if err != nil {
 		return err
@@ -82,11 +93,18 @@ func cmdReplay(args []string, stdout, stderr io.Writer) error {
 	if f.samples && !f.asJSON {
 		return usagef("--samples needs --json (the time series is part of the JSON report; --svg plots it)")
 	}
+	if f.snapshot != "" && f.compare {
+		return usagef("--snapshot records one replay; it cannot be combined with --compare")
+	}
 	cfg, given, err := cliConfig(f.config)
 	if err != nil {
 		return err
 	}
-	opts := replay.Options{Name: policyLabel(given, cfg), Config: cfg, Check: f.check}
+	backendName, err := pickBackend(f, cfg)
+	if err != nil {
+		return err
+	}
+	opts := replay.Options{Name: policyLabel(given, cfg), Config: cfg, Check: f.check, IgnoreReleases: !f.releases}
 	if f.capacity != "" {
 		c, err := humanize.ParseBytes(f.capacity)
 		if err != nil || c == 0 {
@@ -117,6 +135,9 @@ func cmdReplay(args []string, stdout, stderr io.Writer) error {
 	if in.info.Name != "" {
 		label = in.info.Name
 	}
+	if backendName != drivers.DefaultName {
+		return replayOnBackend(backendName, cfg, in, f.asJSON, stdout)
+	}
 	var (
 		reports  []*replay.Report
 		policies []replay.Policy
@@ -146,9 +167,17 @@ func cmdReplay(args []string, stdout, stderr io.Writer) error {
 				return err
 			}
 		}
-		rep, err = replay.Run(in.reader(), opts)
+		var sf *snapshotFile
+		if f.snapshot != "" {
+			if sf, err = createSnapshot(f.snapshot, f.entries); err != nil {
+				return err
+			}
+		}
+		ropts := opts
+		ropts.Snapshot, ropts.SnapshotEntries = sf.writer(), f.entries
+		rep, err = replay.Run(in.reader(), ropts)
 		pb.done()
-		if err != nil {
+		if err = sf.finish(err); err != nil {
 			return err
 		}
 		if f.minCap {
@@ -288,9 +317,12 @@ func writeJSON(w io.Writer, in *input, rep *replay.Report, reports []*replay.Rep
 		out.MinCapacity = &mc
 	}
 	if pt := in.pytorch; pt != nil {
-		pr, pl := pt.PeakReserved, pt.PeakLive
-		out.PyTorchPeakReserved, out.PyTorchPeakLive = &pr, &pl
-		if pl > 0 {
+		pr, pl, known := pt.PeakReserved, pt.PeakLive, pt.PeakReservedKnown
+		out.PyTorchPeakLive, out.PyTorchPeakReservedKnown = &pl, &known
+		if known {
+			out.PyTorchPeakReserved = &pr
+		}
+		if known && pl > 0 {
 			r := float64(pr) / float64(pl)
 			out.PyTorchReservedOverLive = &r
 		}
@@ -311,16 +343,27 @@ func writeTextReport(w io.Writer, in *input, rep *replay.Report, reports []*repl
 	}
 	fmt.Fprintf(b, ")\n")
 	if pt := in.pytorch; pt != nil {
-		fmt.Fprintf(b, "PyTorch recorded: peak reserved %s for %s peak live (%.4f×), %s segment allocs",
-			replay.FormatBytes(pt.PeakReserved), replay.FormatBytes(pt.PeakLive),
-			ratioOf(pt.PeakReserved, pt.PeakLive), replay.FormatCount(int64(pt.SegmentAllocs)))
-		if v, ok := pt.Settings["PYTORCH_CUDA_ALLOC_CONF"]; ok {
-			fmt.Fprintf(b, ", PYTORCH_CUDA_ALLOC_CONF=%q", fmt.Sprint(v))
+		if pt.PeakReservedKnown {
+			fmt.Fprintf(b, "PyTorch recorded: peak reserved %s for %s peak live (%.4f×), %s segment allocs",
+				replay.FormatBytes(pt.PeakReserved), replay.FormatBytes(pt.PeakLive),
+				ratioOf(pt.PeakReserved, pt.PeakLive), replay.FormatCount(int64(pt.SegmentAllocs)))
+		} else {
+			fmt.Fprintf(b, "PyTorch recorded: peak reserved unknown (the file starts mid-run or lacks segment events) for %s peak live, %s segment allocs",
+				replay.FormatBytes(pt.PeakLive), replay.FormatCount(int64(pt.SegmentAllocs)))
 		}
-		if es, ok := pt.Settings["expandable_segments"]; ok {
+		// Only scalars are printed: a decoded value may be cyclic, or
+		// shared so deeply that printing it would never end.
+		if v, ok := pt.Settings["PYTORCH_CUDA_ALLOC_CONF"].(string); ok {
+			fmt.Fprintf(b, ", PYTORCH_CUDA_ALLOC_CONF=%q", v)
+		}
+		if es, ok := pt.Settings["expandable_segments"].(bool); ok {
 			fmt.Fprintf(b, ", expandable_segments=%v", es)
 		}
 		fmt.Fprintf(b, "\n")
+		if pt.Releases > 0 {
+			fmt.Fprintf(b, "        %d cache releases inferred from %d segment frees/unmaps (%d applied)\n",
+				pt.Releases, pt.SegmentFrees+pt.SegmentUnmaps, rep.ReleasesApplied)
+		}
 		if pt.UnmatchedFrees > 0 {
 			fmt.Fprintf(b, "        %s frees of blocks allocated before the trace began were skipped\n", replay.FormatCount(int64(pt.UnmatchedFrees)))
 		}

@@ -1,0 +1,347 @@
+package allocator
+
+// Memory history: the opt-in record behind PyTorch's
+// torch.cuda.memory._record_memory_history, and the per-call-site counters
+// behind the device-memory profile.
+//
+// When recording is off a.hist is nil and every hook is one nil check,
+// predicted not taken, so the cache-hit path pays one load and branch.
+// When it is on, each alloc/free appends a stats.TraceEntry to a
+// preallocated ring (no allocation), updates the counters of its
+// (stack, stream, pool) key, and, with Stacks, captures the caller's
+// program counters into a preallocated buffer and interns them: only a
+// call stack never seen before allocates.
+
+import (
+	"errors"
+	"fmt"
+	"runtime"
+	"time"
+
+	"github.com/vmmalloc/vmmalloc/arena"
+	"github.com/vmmalloc/vmmalloc/backend"
+	"github.com/vmmalloc/vmmalloc/stats"
+)
+
+// MaxStackDepth is the number of frames recorded per call stack; deeper
+// stacks are truncated at the outermost frames.
+const MaxStackDepth = 32
+
+// MaxStacks bounds the distinct call stacks a history interns. Entries
+// whose stack is first seen after the table is full record stack 0 (none),
+// so a program that allocates from ever-new stacks (closures generated at
+// run time) cannot grow it without bound.
+const MaxStacks = 1 << 16
+
+// ErrInvalidHistory is wrapped by RecordHistory's errors for bad options.
+var ErrInvalidHistory = errors.New("vmmalloc: invalid history options")
+
+// HistoryOptions configures RecordHistory.
+type HistoryOptions struct {
+	// MaxEntries is the number of newest entries kept (PyTorch's
+	// max_entries); older ones are overwritten and counted as dropped.
+	// 0 turns recording off and discards the history; at most
+	// stats.MaxHistoryEntries.
+	MaxEntries int
+	// Stacks records the Go call stack of the caller of Malloc and Free
+	// (PyTorch's stacks="python"). Without it, entries and profile records
+	// carry no stack.
+	Stacks bool
+}
+
+// history is the recording state. Every field is guarded by the
+// allocator's mu.
+type history struct {
+	ring   *stats.History
+	stacks bool                   // capture call stacks
+	pcs    [MaxStackDepth]uintptr // scratch for runtime.Callers
+
+	stackIDs map[[MaxStackDepth]uintptr]uint32 // interned stacks → 1-based id
+	stackTab [][]uintptr                       // stackTab[id-1]: the program counters of stack id
+
+	liveStack map[uintptr]uint32     // stack id of each allocated block by address; only with stacks
+	prof      map[profKey]*profCount // cumulative counts per call site, since recording began
+}
+
+// profKey is the unit the device-memory profile counts by.
+type profKey struct {
+	stack  uint32
+	stream backend.Stream
+	pool   stats.PoolKind
+}
+
+// profCount is what one profKey allocated and freed; bytes are block
+// (rounded) bytes, as allocated_bytes counts them.
+type profCount struct {
+	allocs, allocBytes int64
+	frees, freeBytes   int64
+}
+
+// RecordHistory starts, restarts or (with MaxEntries 0) stops recording the
+// memory history. Starting or restarting discards any earlier history and
+// profile counters; blocks already allocated are counted in the profile as
+// allocated before recording began (no stack). Bad options are an error
+// wrapping ErrInvalidHistory and change nothing.
+func (a *Allocator) RecordHistory(o HistoryOptions) error {
+	if o.MaxEntries < 0 || o.MaxEntries > stats.MaxHistoryEntries {
+		return fmt.Errorf("%w: MaxEntries %d, want 0..%d", ErrInvalidHistory, o.MaxEntries, stats.MaxHistoryEntries)
+	}
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.closed {
+		return ErrClosed
+	}
+	if o.MaxEntries == 0 {
+		a.hist = nil
+		return nil
+	}
+	h := &history{
+		ring:     stats.NewHistory(o.MaxEntries),
+		stacks:   o.Stacks,
+		stackIDs: make(map[[MaxStackDepth]uintptr]uint32),
+		prof:     make(map[profKey]*profCount),
+	}
+	if o.Stacks {
+		h.liveStack = make(map[uintptr]uint32)
+	}
+	for _, sg := range a.segs {
+		for b := sg.r.Head; b != nil; b = b.Next {
+			if b.State == arena.Allocated {
+				c := h.count(profKey{stream: b.Stream, pool: sg.pool.kind})
+				c.allocs++
+				c.allocBytes += int64(b.Size)
+			}
+		}
+	}
+	a.hist = h
+	return nil
+}
+
+// HistoryRecord is a copy of the recorded memory history.
+type HistoryRecord struct {
+	Device  int
+	Entries []stats.TraceEntry // oldest first
+	Dropped int64              // entries overwritten since recording began
+	// Stacks[id-1] holds the program counters of stack id, innermost
+	// first, as runtime.Callers returns them (runtime.CallersFrames
+	// resolves them). The stacks are shared with the allocator, which never
+	// changes them; callers must not modify them either.
+	Stacks [][]uintptr
+}
+
+// History returns a copy of the recorded memory history, and false when
+// recording is off.
+func (a *Allocator) History() (HistoryRecord, bool) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	h := a.hist
+	if h == nil {
+		return HistoryRecord{Device: a.dev}, false
+	}
+	return HistoryRecord{Device: a.dev, Entries: h.ring.Entries(), Dropped: h.ring.Dropped(), Stacks: h.stackTable()}, true
+}
+
+// stackTable copies the stack table (the stacks themselves are immutable).
+func (h *history) stackTable() [][]uintptr {
+	return append([][]uintptr(nil), h.stackTab...)
+}
+
+// MemProfileRecord is one call site of the device-memory profile: what
+// Malloc calls from one stack, on one stream, in one pool, allocated and
+// freed since recording began. Bytes are block bytes (the rounded sizes
+// allocated_bytes counts).
+type MemProfileRecord struct {
+	AllocBytes, FreeBytes     int64
+	AllocObjects, FreeObjects int64
+	// Stack holds the program counters of the Malloc caller, innermost
+	// first; nil without HistoryOptions.Stacks, and for blocks allocated
+	// before recording began. Shared with the allocator: do not modify.
+	Stack  []uintptr
+	Stream backend.Stream
+	Pool   stats.PoolKind
+}
+
+// InUseBytes is AllocBytes - FreeBytes.
+func (r *MemProfileRecord) InUseBytes() int64 { return r.AllocBytes - r.FreeBytes }
+
+// InUseObjects is AllocObjects - FreeObjects.
+func (r *MemProfileRecord) InUseObjects() int64 { return r.AllocObjects - r.FreeObjects }
+
+// MemProfile returns the profile records, in no particular order, and
+// false when recording is off. While recording, the in-use bytes of all
+// records add up to MemoryAllocated.
+func (a *Allocator) MemProfile() ([]MemProfileRecord, bool) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	h := a.hist
+	if h == nil {
+		return nil, false
+	}
+	out := make([]MemProfileRecord, 0, len(h.prof))
+	for k, c := range h.prof {
+		r := MemProfileRecord{
+			AllocBytes: c.allocBytes, FreeBytes: c.freeBytes,
+			AllocObjects: c.allocs, FreeObjects: c.frees,
+			Stream: k.stream, Pool: k.pool,
+		}
+		if k.stack != 0 {
+			r.Stack = h.stackTab[k.stack-1]
+		}
+		out = append(out, r)
+	}
+	return out, true
+}
+
+func (h *history) count(k profKey) *profCount {
+	c := h.prof[k]
+	if c == nil {
+		c = new(profCount)
+		h.prof[k] = c
+	}
+	return c
+}
+
+// callerStack captures the stack of the caller of the public method
+// (Malloc or Free) whose hist* hook called it, and returns its interned id,
+// or 0 without stacks or when the table is full. mu held.
+//
+//go:noinline
+func (h *history) callerStack() uint32 {
+	if !h.stacks {
+		return 0
+	}
+	// Frames: runtime.Callers, callerStack, the hist* hook, the public
+	// method (Malloc or Free), then its caller.
+	clear(h.pcs[:])
+	n := runtime.Callers(4, h.pcs[:])
+	if n == 0 {
+		return 0
+	}
+	if id, ok := h.stackIDs[h.pcs]; ok {
+		return id
+	}
+	if len(h.stackTab) >= MaxStacks {
+		return 0
+	}
+	h.stackTab = append(h.stackTab, append([]uintptr(nil), h.pcs[:n]...))
+	id := uint32(len(h.stackTab))
+	h.stackIDs[h.pcs] = id
+	return id
+}
+
+func (h *history) record(action stats.TraceAction, addr uintptr, size uint64, s backend.Stream, stack uint32) {
+	h.ring.Record(stats.TraceEntry{
+		Action: action, Addr: addr, Size: size, Stream: uint64(s),
+		TimeNs: time.Now().UnixNano(), Stack: stack,
+	})
+}
+
+// histAlloc records that Malloc handed out b for size bytes. Called
+// directly from Malloc. mu held.
+//
+//go:noinline
+func (a *Allocator) histAlloc(b *arena.Block, size uint64) {
+	h := a.hist
+	id := h.callerStack()
+	if h.liveStack != nil && id != 0 {
+		h.liveStack[b.Addr] = id
+	}
+	c := h.count(profKey{stack: id, stream: b.Stream, pool: a.pools[poolIdx(b)].kind})
+	c.allocs++
+	c.allocBytes += int64(b.Size)
+	h.record(stats.TraceAlloc, b.Addr, size, b.Stream, id)
+}
+
+// histFreeRequested records that Free was called on allocated block b,
+// and that it is back in the pool when no stream event holds it (so that
+// the direct path pays one recording check). Called directly from Free,
+// after events were inserted. mu held.
+//
+//go:noinline
+func (a *Allocator) histFreeRequested(b *arena.Block) {
+	h := a.hist
+	var allocID uint32
+	if h.liveStack != nil {
+		allocID = h.liveStack[b.Addr]
+		delete(h.liveStack, b.Addr)
+	}
+	c := h.count(profKey{stack: allocID, stream: b.Stream, pool: a.pools[poolIdx(b)].kind})
+	c.frees++
+	c.freeBytes += int64(b.Size)
+	h.record(stats.TraceFreeRequested, b.Addr, b.Requested, b.Stream, h.callerStack())
+	if b.Events == 0 {
+		h.record(stats.TraceFreeCompleted, b.Addr, b.Requested, b.Stream, 0)
+	}
+}
+
+// histFreeCompleted records that b, whose free waited on stream events, is
+// back in its pool (before freeBlock clears its requested size). mu held.
+func (a *Allocator) histFreeCompleted(b *arena.Block) {
+	a.hist.record(stats.TraceFreeCompleted, b.Addr, b.Requested, b.Stream, 0)
+}
+
+// histOOM records a Malloc of size bytes on s that failed with err.
+// Called directly from Malloc. mu held.
+//
+//go:noinline
+func (a *Allocator) histOOM(size uint64, s backend.Stream, err error) {
+	var oom *OutOfMemoryError
+	if !errors.As(err, &oom) {
+		return
+	}
+	if s == 0 {
+		s = a.defaultS
+	}
+	// As in PyTorch, an oom entry's address field holds the device's free
+	// bytes.
+	a.hist.record(stats.TraceOOM, uintptr(oom.Free), size, s, a.hist.callerStack())
+}
+
+// histReserve records a change of reserved memory: a segment mapped or
+// created (bytes > 0) or unmapped or released (bytes < 0). A no-op when
+// recording is off or bytes is 0. mu held.
+func (a *Allocator) histReserve(classic bool, addr uintptr, bytes int64, s backend.Stream) {
+	if a.hist == nil || bytes == 0 {
+		return
+	}
+	var action stats.TraceAction
+	switch {
+	case classic && bytes > 0:
+		action = stats.TraceSegmentAlloc
+	case classic:
+		action = stats.TraceSegmentFree
+	case bytes > 0:
+		action = stats.TraceSegmentMap
+	default:
+		action = stats.TraceSegmentUnmap
+	}
+	a.hist.record(action, addr, uint64(max(bytes, -bytes)), s, 0)
+}
+
+// histHandOver records mapped memory changing streams without a driver
+// call (reclaim.go's adoption) as PyTorch's viewer understands ownership:
+// an unmap from the old stream, then a map for the new one. Reserved bytes
+// only dip between the two, so replaying the history keeps its peak. mu
+// held.
+func (a *Allocator) histHandOver(addr uintptr, size uint64, from, to backend.Stream) {
+	if a.hist == nil || size == 0 {
+		return
+	}
+	a.hist.record(stats.TraceSegmentUnmap, addr, size, from, 0)
+	a.hist.record(stats.TraceSegmentMap, addr, size, to, 0)
+}
+
+// histEmptyCache records a call of EmptyCache. mu held.
+func (a *Allocator) histEmptyCache() {
+	if a.hist != nil {
+		a.hist.record(stats.TraceEmptyCache, 0, 0, 0, 0)
+	}
+}
+
+// blockStack is the stack id recorded for allocated block b, or 0. mu held.
+func (a *Allocator) blockStack(b *arena.Block) uint32 {
+	if a.hist == nil || a.hist.liveStack == nil {
+		return 0
+	}
+	return a.hist.liveStack[b.Addr]
+}

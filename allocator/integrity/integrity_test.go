@@ -1,0 +1,80 @@
+package integrity_test
+
+import (
+	"fmt"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/vmmalloc/vmmalloc/allocator/integrity"
+	"github.com/vmmalloc/vmmalloc/backend"
+	"github.com/vmmalloc/vmmalloc/backend/emulated"
+)
+
+func newReal(t *testing.T) *emulated.Emulator {
+	e, err := emulated.New(emulated.WithRealMemory(), emulated.WithCapacity(256<<20), emulated.WithGranularity(64<<10))
+	if err != nil {
+		t.Skipf("real memory unavailable: %v", err)
+	}
+	t.Cleanup(func() {
+		assert.Empty(t, e.Violations())
+		require.NoError(t, e.Close())
+	})
+	return e
+}
+
+func TestEmulatedRealMemory(t *testing.T) {
+	for _, conf := range []string{"", "expandable_segments:False", "expandable_segments:True,handle_cache_mb:0,release_threshold_mb:0"} {
+		t.Run(conf, func(t *testing.T) {
+			r := integrity.Run(t, newReal(t), integrity.Options{Config: conf, Ops: 300})
+			assert.Greater(t, r.Mallocs, 300, "three workers of 300 operations each allocate")
+			assert.Equal(t, r.Mallocs, r.Frees, "every block is freed")
+			assert.Positive(t, r.Verified)
+			assert.Positive(t, r.PeakReserved)
+		})
+	}
+}
+
+// corrupting overwrites the first byte of every new block's memory after
+// the allocator handed it out and the test wrote its pattern, through a
+// second Copier call: Run must notice.
+type corrupting struct {
+	*emulated.Emulator
+	n int
+}
+
+func (c *corrupting) CopyHtoD(dst uintptr, src []byte, s backend.Stream) error {
+	if err := c.Emulator.CopyHtoD(dst, src, s); err != nil || len(src) == 0 {
+		return err
+	}
+	c.n++
+	if c.n == 40 {
+		return c.Emulator.Memset(dst, src[0]^0xff, 1, s)
+	}
+	return nil
+}
+
+func TestDetectsCorruption(t *testing.T) {
+	ft := &fakeT{TB: t}
+	func() {
+		defer func() { _ = recover() }()
+		integrity.Run(ft, &corrupting{Emulator: newReal(t)}, integrity.Options{Ops: 100, Workers: 1})
+	}()
+	require.True(t, ft.failed, "a corrupted block went unnoticed")
+	assert.Contains(t, ft.msg, "corrupted at byte 0")
+}
+
+// fakeT records a failure instead of failing the test.
+type fakeT struct {
+	testing.TB
+	failed bool
+	msg    string
+}
+
+func (f *fakeT) Errorf(format string, args ...any) {
+	f.failed = true
+	f.msg += fmt.Sprintf(format, args...)
+}
+
+func (f *fakeT) FailNow() { panic("FailNow") }

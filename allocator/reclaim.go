@@ -1,0 +1,270 @@
+package allocator
+
+import (
+	"slices"
+
+	"github.com/vmmalloc/vmmalloc/arena"
+)
+
+// Reclaiming other streams' free memory before growth.
+//
+// Handles belong to one stream at a time (see the package documentation),
+// so without help every stream keeps the peak of its own cache: a program
+// that prefetches on side streams reserves the sum of the streams' peaks
+// rather than the peak of their sum. Before an expandable pool grows, two
+// steps take memory back from other streams whose queued work has
+// completed:
+//
+//  1. adoptFromStreams: a run of adjacent free blocks of ss and of idle
+//     streams that holds enough whole handles for the request changes
+//     hands: the handles stay mapped where they are and only their stream
+//     changes (no driver call but the probe below).
+//  2. reclaimBeforeGrow: when no single block is large enough and the pool
+//     would grow past its defrag limit, other streams' free whole handles
+//     are unmapped (to the handle cache) and the growth that follows maps
+//     them where the heap grows.
+//
+// Both are on unless defrag_threshold is off.
+//
+// Safety: a block on stream T's free list was last used by work queued on
+// T before its Free (uses on other streams keep it PendingFree until their
+// events complete, so it is not on the list). An event recorded on T and
+// found complete by a non-blocking EventQuery proves that all such work
+// has finished for every block freed before the record, so T's free
+// handles can be unmapped or handed to another stream. The answer holds
+// until the next block is freed to T (streamState.idle; memory taken from
+// the free list, or fresh mappings added to it, were never used since).
+// A stream whose probe is not complete, or whose record or query fails,
+// is skipped: growth never waits for another stream.
+//
+// Cost: the slow path only (a Malloc that its stream's free list cannot
+// serve, in an expandable pool with another stream holding free memory):
+// two driver calls (EventRecord, EventQuery) per stream probed, probed
+// only when a free block of it is met and nothing was freed to it since its
+// last successful probe; adoption walks the pool's blocks, O(blocks).
+// Adoption saves the growth's driver calls; reclaiming trades another
+// stream's cached memory for fewer bytes reserved.
+
+// Above adoptExactNum/adoptExactDen of the memory the process may use
+// (per_process_memory_fraction), adoption takes only runs of whole handles
+// that exceed the request by less than a granule.
+const (
+	adoptExactNum = 3
+	adoptExactDen = 4
+)
+
+// adoptFromStreams finds the lowest run of adjacent free blocks of pool p,
+// each of ss or of a stream whose queued work has completed, that holds at
+// least rounded bytes of whole handles, and gives the fewest of those
+// handles that make rounded bytes, from the run's high end, to ss (near
+// the memory limit, only if they exceed rounded by less than a granule).
+// Free blocks of different streams never coalesce, so memory that changed hands
+// often lies in such runs. It returns the handles as one free block of ss,
+// merged with ss's free neighbours, out of any list; or nil. mu held.
+func (a *Allocator) adoptFromStreams(ss *streamState, p *pool, rounded uint64) *arena.Block {
+	if len(a.streams) < 2 {
+		return nil
+	}
+	var avail uint64
+	for _, t := range a.streams {
+		avail += t.free[p.idx].Bytes()
+	}
+	if avail < rounded {
+		return nil
+	}
+	// Whole handles may hold up to a page more than the request; the rest
+	// stays free inside a handle the request uses, where no other stream
+	// can have it and no release can unmap it. Growth cuts a handle to
+	// size instead. Near the memory limit, adopt only what fits as well.
+	exact := uint64(a.st.ReservedBytes[0].Current) > a.allowed/adoptExactDen*adoptExactNum
+	var busy []*streamState // streams found busy by this call
+	usable := func(b *arena.Block) bool {
+		if b.State != arena.Free {
+			return false
+		}
+		if b.Stream == ss.stream {
+			return true
+		}
+		t := a.streams[b.Stream]
+		if t == nil || slices.Contains(busy, t) {
+			return false
+		}
+		if a.streamIdle(t) {
+			return true
+		}
+		busy = append(busy, t)
+		return false
+	}
+	for _, sg := range a.segs {
+		if sg.pool != p || !sg.expandable {
+			continue
+		}
+		var start *arena.Block
+		var runLen uint64
+		for b := sg.r.Head; b != nil; b = b.Next {
+			if !usable(b) {
+				start = nil
+				continue
+			}
+			if start == nil {
+				start, runLen = b, 0
+			}
+			runLen += b.Size
+			if runLen < rounded {
+				continue
+			}
+			lo, hi := sg.s.WholeHandles(uint64(start.Addr-sg.r.Base), runLen, rounded)
+			if hi-lo >= rounded && (!exact || hi-lo-rounded < a.gran) {
+				return a.adoptRange(ss, p, sg, start, lo, hi)
+			}
+		}
+	}
+	return nil
+}
+
+// adoptRange gives the segment offsets [lo, hi), whole handles inside the
+// run of free blocks beginning at start, to ss: the blocks (or their parts)
+// inside it leave their streams' free lists and become one free block of
+// ss, merged with ss's free neighbours and returned out of any list. Parts
+// outside it stay with their streams: lo and hi are handle boundaries, so
+// every handle still holds blocks of one stream. mu held.
+func (a *Allocator) adoptRange(ss *streamState, p *pool, sg *seg, start *arena.Block, lo, hi uint64) *arena.Block {
+	base := sg.r.Base
+	var first *arena.Block
+	for b := start; b != nil && uint64(b.Addr-base) < hi; {
+		next := b.Next
+		off := uint64(b.Addr - base)
+		if off+b.Size <= lo {
+			b = next
+			continue
+		}
+		fl := a.streams[b.Stream].free[p.idx]
+		fl.Remove(b)
+		piece := b
+		if off < lo {
+			piece = arena.Split(&a.bpool, b, lo-off)
+			fl.Insert(b)
+			off = lo
+		}
+		if off+piece.Size > hi {
+			fl.Insert(arena.Split(&a.bpool, piece, hi-off))
+		}
+		if piece.Stream != ss.stream {
+			a.histHandOver(piece.Addr, piece.Size, piece.Stream, ss.stream)
+		}
+		piece.Stream = ss.stream
+		if first == nil {
+			first = piece
+		} else {
+			arena.Merge(&a.bpool, first) // first ends where piece begins
+		}
+		b = first.Next
+	}
+	fl := ss.free[p.idx]
+	if prev := first.Prev; prev != nil && prev.State == arena.Free && prev.Stream == ss.stream && fl.Contains(prev) {
+		fl.Remove(prev)
+		arena.Merge(&a.bpool, prev)
+		first = prev
+	}
+	if next := first.Next; next != nil && next.State == arena.Free && next.Stream == ss.stream && fl.Contains(next) {
+		fl.Remove(next)
+		arena.Merge(&a.bpool, first)
+	}
+	return first
+}
+
+// reclaimBeforeGrow unmaps other streams' free handles in pool p, for a
+// growth of rounded bytes for ss, until the pool's mapped bytes after the
+// growth would be within the defrag limit (see defragBeforeGrow). mu held.
+func (a *Allocator) reclaimBeforeGrow(ss *streamState, p *pool, rounded uint64) {
+	excess := a.defragExcess(p, rounded)
+	if excess == 0 || len(a.streams) < 2 {
+		return
+	}
+	for _, t := range a.reclaimCandidates(ss, p) {
+		total := uint64(a.st.ReservedBytes[0].Current)
+		if excess = a.defragExcess(p, rounded); excess == 0 {
+			return
+		}
+		if !a.streamIdle(t) {
+			continue
+		}
+		_ = a.releaseStreamPool(t, p.idx, total-min(excess, total), false)
+	}
+}
+
+// defragExcess is by how many bytes growing pool p by rounded bytes would
+// take its mapped bytes above (1+defrag_threshold) × (allocated + rounded)
+// plus one page; 0 when it would not. mu held.
+func (a *Allocator) defragExcess(p *pool, rounded uint64) uint64 {
+	reserved := uint64(a.st.ReservedBytes[p.kind].Current)
+	after := reserved + roundUp(rounded, a.gran)
+	limit := uint64((1+a.cfg.DefragThreshold)*float64(uint64(a.st.AllocatedBytes[p.kind].Current)+rounded)) + p.pageSize
+	if after <= limit {
+		return 0
+	}
+	return after - limit
+}
+
+// reclaimCandidates lists the streams other than ss holding at least one
+// granule of free memory in pool p, most free bytes first (then in stream
+// order). mu held.
+func (a *Allocator) reclaimCandidates(ss *streamState, p *pool) []*streamState {
+	var cands []*streamState
+	for _, t := range a.streams {
+		if t != ss && t.free[p.idx].Bytes() >= a.gran {
+			cands = append(cands, t)
+		}
+	}
+	slices.SortFunc(cands, func(x, y *streamState) int {
+		bx, by := x.free[p.idx].Bytes(), y.free[p.idx].Bytes()
+		switch {
+		case bx != by:
+			if bx > by {
+				return -1
+			}
+			return 1
+		case x.stream < y.stream:
+			return -1
+		case x.stream > y.stream:
+			return 1
+		}
+		return 0
+	})
+	return cands
+}
+
+// streamIdle reports, without waiting, whether the work that used the
+// blocks in t's free lists has completed. An earlier answer stands while no
+// block has been freed to t (t.idle); otherwise it records an event on t
+// and queries it. Any failure answers false. mu held.
+func (a *Allocator) streamIdle(t *streamState) bool {
+	if t.idle {
+		return true
+	}
+	ev, err := a.getEvent()
+	if err != nil {
+		return false
+	}
+	defer func() { a.events = append(a.events, ev) }()
+	if a.drv.EventRecord(ev, t.stream) != nil {
+		return false
+	}
+	done, err := a.drv.EventQuery(ev)
+	t.idle = err == nil && done
+	return t.idle
+}
+
+// holdForGrowth lets pool p's handle cache keep, beyond handle_cache_mb,
+// the full-size handles that releases before a growth of rounded bytes
+// unmap, so that the growth maps them again instead of freeing them and
+// creating new ones; the returned function restores the limit and frees
+// what the growth did not use. mu held.
+func (a *Allocator) holdForGrowth(p *pool, rounded uint64) func() {
+	limit := p.cache.Max()
+	p.cache.SetMax(limit + int(roundUp(rounded, p.pageSize)/p.pageSize))
+	return func() {
+		p.cache.SetMax(limit)
+		_ = p.cache.Trim(limit) // a failed free keeps the handle cached; a later trim retries
+	}
+}

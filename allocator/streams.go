@@ -1,0 +1,329 @@
+package allocator
+
+import (
+	"errors"
+	"fmt"
+	"sort"
+
+	"github.com/vmmalloc/vmmalloc/arena"
+	"github.com/vmmalloc/vmmalloc/backend"
+)
+
+// Stream lifecycle.
+//
+// The allocator learns a stream on its first use (Malloc, RecordStream,
+// Synchronize) and keeps a streamState for it: its free lists and the
+// events recorded on it. A stream state is in one of three places:
+//
+//	in use ──ReleaseStream──────────────────────────▶ forgotten (memory to idle)
+//	   │                                                   ▲
+//	   └─a driver call says it is gone─▶ vanished ──device synchronize──┘
+//
+//   - In use (Allocator.streams): Malloc may take its free blocks.
+//   - ReleaseStream(s) waits for s, completes the events recorded on it,
+//     unmaps its free handles and destroys its free classic segments, and
+//     forgets its state. Memory of s that cannot be returned yet (blocks
+//     still allocated or pending, and the free rest of handles they share)
+//     is relabelled to the idle owner, a stream id no driver hands out
+//     (idleStream): no Malloc is served from it, and as its blocks are
+//     freed their whole handles are unmapped at once. Its work being
+//     complete, no synchronisation is needed for that.
+//   - Vanished (Allocator.vanished): a stream destroyed without
+//     ReleaseStream, discovered when a driver call on it fails and the
+//     driver no longer knows it. Work queued on it before its destruction
+//     may still be in flight, so its memory is not reused or unmapped until
+//     a device-wide synchronize (backend.DeviceSynchronizer:
+//     cuCtxSynchronize, aclrtSynchronizeDevice) proves it complete; then it
+//     moves to the idle owner like a released stream. A driver without that
+//     capability leaves it stranded: counted in DeviceStats.StrandedBytes
+//     and OutOfMemoryError.Stranded until Close, which releases it
+//     regardless (the caller closing the allocator vouches that the
+//     device's work is done).
+//
+// A block freed after RecordStream on a stream that vanished would wait for
+// an event that can no longer be recorded: after a device synchronize it is
+// free at once; without one it stays pending-free (stranded) with a phantom
+// event count, so no other stream is handed memory the vanished stream may
+// still write.
+//
+// Only streams with queued events are walked when events are polled
+// (Allocator.busy), so per-call work does not grow with the number of
+// streams ever used.
+
+// idleStream owns the memory of released and vanished streams. Drivers hand
+// out small integers (the emulator) or user-space pointers (CUDA, ACL), never
+// this value.
+const idleStream = ^backend.Stream(0)
+
+// errNoDeviceSync says the driver cannot synchronize a whole device.
+var errNoDeviceSync = errors.New("vmmalloc: the driver cannot synchronize the device (no backend.DeviceSynchronizer)")
+
+// ReleaseStream hands stream s back to the allocator before the caller
+// destroys it: it waits for the work queued on s, frees the blocks waiting
+// only on that work, returns the free memory of s to the driver (its
+// handles are unmapped into the handle cache, its free classic segments
+// freed), and forgets the state the allocator kept for s. Blocks still
+// allocated on s stay valid and are freed with Free as usual; their memory
+// is returned when they are. After ReleaseStream, no more work may be
+// queued on s that touches its blocks.
+//
+// A process that uses many short-lived streams (one per request, say)
+// calls it before each StreamDestroy so that the allocator's memory and
+// per-call work stay bounded. Once s is destroyed, using it again fails
+// with ErrInvalidStream; a stream the caller keeps using instead is learnt
+// again as a new stream. The default stream cannot be released
+// (ErrInvalidStream), nor a stream of another device.
+//
+// If waiting for s fails, ReleaseStream returns the error and nothing
+// changes. If s was destroyed already, its memory is released after a
+// device synchronize where the driver can do one (see the package
+// comment in streams.go), and ErrInvalidStream is returned otherwise. A
+// failed unmap is returned after the stream was released; its memory stays
+// with the allocator and a later EmptyCache retries.
+func (a *Allocator) ReleaseStream(s backend.Stream) error {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.closed {
+		return ErrClosed
+	}
+	if s == 0 || s == a.defaultS {
+		return fmt.Errorf("%w: the default stream belongs to the allocator and cannot be released", ErrInvalidStream)
+	}
+	ss, ok := a.streams[s]
+	if !ok {
+		// Never used, or already released: validate it, then nothing is
+		// held for it.
+		if _, err := a.stream(s); err != nil {
+			return err
+		}
+		ss = a.streams[s]
+	}
+	a.counters.StreamSyncs++
+	if err := a.drv.StreamSynchronize(s); err != nil {
+		if !a.streamGone(s) {
+			return err
+		}
+		a.vanish(ss)
+		if qerr := a.quiesce(); qerr != nil {
+			return fmt.Errorf("%w: stream %d was destroyed before ReleaseStream; its memory is held until the device is synchronized: %w", ErrInvalidStream, s, qerr)
+		}
+		return nil
+	}
+	for len(ss.queue) > 0 { // recorded on s: complete now
+		a.eventDone(ss)
+	}
+	return a.retire(ss)
+}
+
+// stateOf returns the state owning blocks labelled with stream id, or nil.
+// mu held.
+func (a *Allocator) stateOf(id backend.Stream) *streamState {
+	if ss, ok := a.streams[id]; ok {
+		return ss
+	}
+	if id == idleStream {
+		return a.idle
+	}
+	return a.vanished[id]
+}
+
+// forget removes ss from the streams in use. mu held.
+func (a *Allocator) forget(ss *streamState) {
+	delete(a.streams, ss.stream)
+	if a.lastS == ss {
+		a.lastS = nil
+	}
+}
+
+// markBusy notes that ss has queued events. mu held.
+func (a *Allocator) markBusy(ss *streamState) {
+	if ss.busyIdx < 0 {
+		ss.busyIdx = len(a.busy)
+		a.busy = append(a.busy, ss)
+	}
+}
+
+// unbusy notes that ss has no queued events any more. mu held.
+func (a *Allocator) unbusy(ss *streamState) {
+	i := ss.busyIdx
+	if i < 0 {
+		return
+	}
+	last := a.busy[len(a.busy)-1]
+	a.busy[i], last.busyIdx = last, i
+	a.busy[len(a.busy)-1] = nil
+	a.busy = a.busy[:len(a.busy)-1]
+	ss.busyIdx = -1
+}
+
+// sortedBusy lists the busy streams in stream order. mu held.
+func (a *Allocator) sortedBusy() []*streamState {
+	out := append([]*streamState(nil), a.busy...)
+	sort.Slice(out, func(i, j int) bool { return out[i].stream < out[j].stream })
+	return out
+}
+
+// streamGone reports whether the driver no longer knows stream s (it was
+// destroyed). StreamDevice is a query, not a work primitive, so a fault
+// injected into a synchronisation does not make a live stream look gone.
+// mu held.
+func (a *Allocator) streamGone(s backend.Stream) bool {
+	_, err := a.drv.StreamDevice(s)
+	return err != nil && errors.Is(err, backend.ErrInvalidArgument)
+}
+
+// vanish moves ss, whose stream the driver no longer knows, out of the
+// streams in use. Its memory waits for quiesce. mu held.
+func (a *Allocator) vanish(ss *streamState) {
+	if a.streams[ss.stream] != ss {
+		return
+	}
+	a.forget(ss)
+	a.vanished[ss.stream] = ss
+}
+
+// quiesce makes the memory of vanished streams reusable: after a device
+// synchronize their recorded events are complete, their memory goes to the
+// idle owner and is released, and stranded pending-free blocks are freed.
+// Without vanished streams or stranded blocks it does nothing. mu held.
+func (a *Allocator) quiesce() error {
+	if len(a.vanished) == 0 && len(a.stranded) == 0 {
+		return nil
+	}
+	ds, ok := a.drv.(backend.DeviceSynchronizer)
+	if !ok {
+		return errNoDeviceSync
+	}
+	a.counters.StreamSyncs++
+	if err := ds.DeviceSynchronize(a.dev); err != nil {
+		return err
+	}
+	ids := make([]backend.Stream, 0, len(a.vanished))
+	for id := range a.vanished {
+		ids = append(ids, id)
+	}
+	sort.Slice(ids, func(i, j int) bool { return ids[i] < ids[j] })
+	for _, id := range ids {
+		ss := a.vanished[id]
+		for len(ss.queue) > 0 {
+			a.eventDone(ss)
+		}
+		delete(a.vanished, id)
+		a.adoptIntoIdle(ss)
+	}
+	stranded := a.stranded
+	a.stranded = nil
+	for _, b := range stranded {
+		b.Events-- // the phantom event: the device is idle
+		if b.Events == 0 {
+			a.pending--
+			a.freeBlock(b)
+		}
+	}
+	return a.releaseIdle()
+}
+
+// maxSpareStates bounds the empty stream states kept for reuse.
+const maxSpareStates = 16
+
+// newState returns an empty state for stream s, reusing a spare one (two
+// free lists, about 16 KB) when there is one. mu held.
+func (a *Allocator) newState(s backend.Stream) *streamState {
+	if n := len(a.spare); n > 0 {
+		ss := a.spare[n-1]
+		a.spare[n-1] = nil
+		a.spare = a.spare[:n-1]
+		ss.stream = s
+		return ss
+	}
+	return newStreamState(s)
+}
+
+// retire returns the memory of ss, a stream in use whose work is complete,
+// and forgets it: free handles are unmapped into the handle cache (the
+// reservations stay for the next stream), and what is left is handed to
+// the idle owner. The emptied state is kept for reuse. mu held.
+func (a *Allocator) retire(ss *streamState) error {
+	a.keepEmpty = true
+	defer func() { a.keepEmpty = false }()
+	err := a.releaseStream(ss, 0, false) // ss still known: dropping a segment finds its blocks' state
+	if ss.active > 0 || ss.free[0].Len()+ss.free[1].Len() > 0 {
+		a.adoptIntoIdle(ss)
+		err = errors.Join(err, a.releaseIdle())
+	}
+	a.forget(ss)
+	if len(a.spare) < maxSpareStates && ss.busyIdx < 0 && len(ss.queue) == 0 {
+		ss.stream = 0
+		a.spare = append(a.spare, ss)
+	}
+	return err
+}
+
+// adoptIntoIdle relabels every block of ss (no longer in use, its work
+// complete) as the idle owner's, merging its free blocks with the idle
+// owner's. It walks every segment: it runs only when a released stream
+// still holds memory. mu held.
+func (a *Allocator) adoptIntoIdle(ss *streamState) {
+	if ss.active == 0 && ss.free[0].Len()+ss.free[1].Len() == 0 {
+		return
+	}
+	var free []*arena.Block
+	for _, sg := range a.segs {
+		p := sg.pool
+		for b := sg.r.Head; b != nil; b = b.Next {
+			if b.Stream != ss.stream || b.State == arena.Unmapped {
+				continue
+			}
+			if b.State == arena.Free {
+				a.countInactive(p, b, -1)
+				ss.free[p.idx].Remove(b)
+				free = append(free, b)
+			}
+			b.Stream = idleStream
+		}
+	}
+	for _, b := range free { // ascending address: each merges into the one before
+		p := &a.pools[poolIdx(b)]
+		a.coalesceInsert(p, a.idle.free[p.idx], b)
+	}
+	a.idle.active += ss.active
+	ss.active = 0
+}
+
+// releaseIdle unmaps the whole free handles and frees the free classic
+// segments of the idle owner. Its memory has no work in flight, so no
+// synchronisation is needed. Emptied reservations stay for the streams
+// that follow (EmptyCache releases them). mu held.
+func (a *Allocator) releaseIdle() error {
+	if a.idle.free[0].Len()+a.idle.free[1].Len() == 0 {
+		return nil
+	}
+	keep := a.keepEmpty
+	a.keepEmpty = true
+	defer func() { a.keepEmpty = keep }()
+	return a.releaseStream(a.idle, 0, false)
+}
+
+// strandedBytes is the memory of vanished streams not yet proven idle: their
+// free blocks and the pending-free blocks waiting on them. mu held.
+func (a *Allocator) strandedBytes() uint64 {
+	var n uint64
+	for _, ss := range a.vanished {
+		n += ss.free[0].Bytes() + ss.free[1].Bytes()
+	}
+	for _, b := range a.stranded {
+		n += b.Size
+	}
+	return n
+}
+
+// eachState calls f for every stream state: in use, vanished, idle. mu held.
+func (a *Allocator) eachState(f func(*streamState)) {
+	for _, ss := range a.streams {
+		f(ss)
+	}
+	for _, ss := range a.vanished {
+		f(ss)
+	}
+	f(a.idle)
+}

@@ -1,5 +1,0 @@
-//go:build race
-
-package pickle
-
-const raceEnabled = true

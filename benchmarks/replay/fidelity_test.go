@@ -1,0 +1,154 @@
+package replay
+
+import (
+	"path/filepath"
+	"slices"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"github.com/vmmalloc/vmmalloc/allocator"
+	"github.com/vmmalloc/vmmalloc/benchmarks/trace"
+)
+
+// namedSnapshot is one imported shared trace.
+type namedSnapshot struct {
+	name string // file name
+	pt   *trace.PyTorchTrace
+}
+
+// sharedSnapshots imports every *.pickle of the shared traces folder, in
+// name order, or skips when there is none.
+func sharedSnapshots(t testing.TB) []namedSnapshot {
+	t.Helper()
+	files, _ := filepath.Glob(filepath.Join(tracesDir(), "*.pickle"))
+	if len(files) == 0 {
+		t.Skipf("no *.pickle in %s (set %s)", tracesDir(), tracesEnv)
+	}
+	slices.Sort(files)
+	out := make([]namedSnapshot, 0, len(files))
+	for _, f := range files {
+		out = append(out, namedSnapshot{filepath.Base(f), loadSnapshot(t, f)})
+	}
+	return out
+}
+
+// classicSettings reports whether a snapshot was recorded with PyTorch's
+// classic allocator: expandable_segments false or absent (its default).
+func classicSettings(pt *trace.PyTorchTrace) bool {
+	es, ok := pt.Settings["expandable_segments"]
+	return !ok || es == false
+}
+
+// TestFidelityClassic replays every shared snapshot recorded with the
+// classic allocator whose segments are all in the file (PyTorch's reserved
+// peak is known) with vmmalloc's classic mode, honouring the releases the
+// trace records, and requires PyTorch's reserved peak within 1%.
+func TestFidelityClassic(t *testing.T) {
+	cfg, err := allocator.ParseConfig("expandable_segments:False")
+	require.NoError(t, err)
+	checked := 0
+	for _, ns := range sharedSnapshots(t) {
+		name, pt := ns.name, ns.pt
+		if !classicSettings(pt) || !pt.PeakReservedKnown {
+			t.Logf("%s: skipped (classic %v, reserved peak known %v)", name, classicSettings(pt), pt.PeakReservedKnown)
+			continue
+		}
+		checked++
+		t.Run(name, func(t *testing.T) {
+			rep, err := Run(pt.Reader(), Options{Config: cfg, Check: true, MaxSamples: -1})
+			require.NoError(t, err)
+			t.Logf("PyTorch %s, classic replay %s (%.4f), %d releases applied",
+				FormatBytes(pt.PeakReserved), FormatBytes(rep.PeakReserved),
+				ratio(rep.PeakReserved, pt.PeakReserved), rep.ReleasesApplied)
+			assert.Equal(t, int64(pt.Releases), rep.ReleasesApplied)
+			assert.Zero(t, rep.OOMs)
+			assert.InEpsilon(t, float64(pt.PeakReserved), float64(rep.PeakReserved), 0.01)
+		})
+	}
+	assert.NotZero(t, checked, "at least one shared trace is classic with a known reserved peak")
+}
+
+// TestReplayReleases replays a two-stream trace whose program released the
+// cache between the streams' allocations: honoured, the second stream
+// reuses the memory; ignored, classic keeps both streams' memory reserved
+// while expandable takes the idle stream's memory back.
+func TestReplayReleases(t *testing.T) {
+	const mb = 1 << 20
+	events := []trace.Event{
+		{Kind: trace.Alloc, ID: 1, Size: 100 * mb, Stream: 1},
+		{Kind: trace.Free, ID: 1, Stream: 1},
+		{Kind: trace.EmptyCache},
+		{Kind: trace.Alloc, ID: 2, Size: 100 * mb, Stream: 2},
+		{Kind: trace.Free, ID: 2, Stream: 2},
+	}
+	tests := []struct {
+		name     string
+		config   string
+		ignore   bool
+		reserved uint64
+		applied  int64
+		ignored  int64
+	}{
+		{"classic honoured", "expandable_segments:False", false, 100 * mb, 1, 0},
+		{"classic ignored", "expandable_segments:False", true, 200 * mb, 0, 1},
+		{"expandable honoured", "", false, 100 * mb, 1, 0},
+		// Expandable takes the idle stream's memory back by itself.
+		{"expandable ignored", "", true, 100 * mb, 0, 1},
+		{"expandable without reclaim, ignored", "defrag_threshold:off", true, 200 * mb, 0, 1},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			cfg, err := allocator.ParseConfig(tc.config)
+			require.NoError(t, err)
+			rep, err := Run(sliceOf(events), Options{Config: cfg, IgnoreReleases: tc.ignore, Check: true})
+			require.NoError(t, err)
+			assert.Equal(t, tc.reserved, rep.PeakReserved)
+			assert.Equal(t, tc.applied, rep.ReleasesApplied)
+			assert.Equal(t, tc.ignored, rep.ReleasesIgnored)
+			assert.Equal(t, int64(1), rep.EmptyCaches)
+		})
+	}
+}
+
+// TestSharedTracesTargets replays every shared snapshot with the default
+// expandable policy, honouring the releases it records, and requires peak
+// reserved at most PyTorch's recorded peak wherever the file lets it be
+// known and a minimum capacity within 1% of peak live wherever peak live
+// is at least 1 GB. On the multi-stream trace it also requires reserved /
+// live ≤ 1.10 with the releases ignored: the policy keeps close to live
+// without the program's help.
+func TestSharedTracesTargets(t *testing.T) {
+	if testing.Short() {
+		t.Skip("replays every shared trace with a capacity search")
+	}
+	for _, ns := range sharedSnapshots(t) {
+		t.Run(ns.name, func(t *testing.T) {
+			pt := ns.pt
+			rep, err := Run(pt.Reader(), Options{Check: true, MaxSamples: -1})
+			require.NoError(t, err)
+			require.Zero(t, rep.OOMs)
+			if pt.PeakReservedKnown {
+				assert.LessOrEqual(t, rep.PeakReserved, pt.PeakReserved, "no more than PyTorch reserved")
+			}
+			if rep.PeakLive >= 1e9 {
+				res, err := SearchMinCapacity(pt.Events, allocator.DefaultConfig(), Options{})
+				require.NoError(t, err)
+				assert.LessOrEqual(t, res.OverLive, 1.01, "min capacity / peak live")
+			}
+			ignored, err := Run(pt.Reader(), Options{Check: true, MaxSamples: -1, IgnoreReleases: true})
+			require.NoError(t, err)
+			assert.Equal(t, int64(pt.Releases), ignored.ReleasesIgnored)
+			if len(pt.Streams) > 2 {
+				assert.LessOrEqual(t, ignored.ReservedOverLive, 1.10, "multi-stream, releases ignored")
+			}
+			recorded := "unknown"
+			if pt.PeakReservedKnown {
+				recorded = FormatBytes(pt.PeakReserved)
+			}
+			t.Logf("live %s, PyTorch reserved %s, expandable %.4f (releases ignored %.4f), %d driver calls (%d)",
+				FormatBytes(rep.PeakLive), recorded, rep.ReservedOverLive, ignored.ReservedOverLive,
+				rep.DriverCallsTotal, ignored.DriverCallsTotal)
+		})
+	}
+}
