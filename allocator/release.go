@@ -8,7 +8,8 @@ import (
 	"github.com/vmmalloc/vmmalloc/backend"
 )
 
-// insertEvents records an event on every stream in b.Uses, so b is reused
+// insertEvents records an event on every stream in uses (the streams
+// recorded on allocated block b), so b is reused
 // only once they complete. If recording fails on a stream, it falls back to
 // synchronising that stream; if that fails too, every event taken is given
 // back and the error returned with nothing changed. A stream the driver no
@@ -16,11 +17,11 @@ import (
 // vanished one (destroyed without ReleaseStream) is waited for with a
 // device synchronize, or, where the driver cannot do one, b stays pending
 // (stranded) until Close. mu held.
-func (a *Allocator) insertEvents(b *arena.Block) error {
+func (a *Allocator) insertEvents(b arena.BlockID, uses []backend.Stream) error {
 	start := len(a.scratchEvents)
 	var err error
 	strand := false
-	for _, u := range b.Uses {
+	for _, u := range uses {
 		ev, e := a.getEvent()
 		if e == nil {
 			if e = a.drv.EventRecord(ev, u); e == nil {
@@ -58,15 +59,19 @@ func (a *Allocator) insertEvents(b *arena.Block) error {
 		for i, pe := range recorded {
 			ss := a.stateOf(streams[i])
 			if ss == nil { // released, but the caller kept it alive: learn it again
-				ss = a.newState(streams[i])
+				var nerr error
+				if ss, nerr = a.newState(streams[i]); nerr != nil {
+					a.events = append(a.events, pe.ev) // the event is not waited for: the block is freed without it
+					continue
+				}
 				a.streams[streams[i]] = ss
 			}
 			ss.queue = append(ss.queue, pe)
 			a.markBusy(ss)
-			b.Events++
+			_, _ = a.heap.AddEvents(b, 1)
 		}
 		if strand && a.quiesce() != nil {
-			b.Events++ // a phantom event only quiesce retires
+			_, _ = a.heap.AddEvents(b, 1) // a phantom event only quiesce retires
 			a.stranded = append(a.stranded, b)
 		}
 	}
@@ -95,13 +100,12 @@ func (a *Allocator) eventDone(ss *streamState) {
 		a.unbusy(ss)
 	}
 	a.events = append(a.events, pe.ev)
-	pe.b.Events--
-	if pe.b.Events == 0 {
+	if n, err := a.heap.AddEvents(pe.b, -1); err == nil && n == 0 {
 		a.pending--
 		if a.hist != nil {
 			a.histFreeCompleted(pe.b)
 		}
-		a.freeBlock(pe.b)
+		_ = a.freeBlock(pe.b)
 	}
 }
 
@@ -213,11 +217,11 @@ func (a *Allocator) releaseStream(ss *streamState, target uint64, needSync bool)
 // every pool). mu held.
 func (a *Allocator) releaseStreamPool(ss *streamState, onlyPool int, target uint64, needSync bool) error {
 	blocks := a.scratch[:0]
-	for i := range ss.free {
+	for i := range a.pools {
 		if onlyPool >= 0 && i != onlyPool {
 			continue
 		}
-		ss.free[i].Each(func(b *arena.Block) bool {
+		a.heap.EachFree(ss.sid, uint8(i), func(b arena.BlockID) bool {
 			if a.releasable(b) {
 				blocks = append(blocks, b)
 			}
@@ -257,61 +261,50 @@ func (a *Allocator) releaseStreamPool(ss *streamState, onlyPool int, target uint
 
 // releasable reports whether releasing free block b would return memory:
 // a whole classic segment, or an expandable block holding at least one
-// whole physical handle.
-func (a *Allocator) releasable(b *arena.Block) bool {
-	sg := b.Region.Owner.(*seg)
+// whole physical handle. mu held.
+func (a *Allocator) releasable(b arena.BlockID) bool {
+	info, _ := a.heap.Block(b)
+	sg := a.segOf[info.Region]
 	if !sg.expandable {
-		return !b.IsSplit()
+		return !info.IsSplit()
 	}
-	lo, hi := sg.s.WholeHandles(uint64(b.Addr-sg.r.Base), b.Size, ^uint64(0))
+	lo, hi := sg.s.WholeHandles(uint64(info.Addr-sg.base), info.Size, ^uint64(0))
 	return hi > lo
 }
 
 // releaseBlock returns the memory of free block b (whose stream work is
 // known complete) to the driver: a whole classic segment, or the whole
 // handles inside an expandable block, the fewest from its high end that
-// make at least limit bytes (so the heap stays low). mu held.
-func (a *Allocator) releaseBlock(ss *streamState, b *arena.Block, limit uint64) error {
-	sg := b.Region.Owner.(*seg)
+// make at least limit bytes (so the heap stays low). The range is marked
+// releasing in the heap while it is unmapped. mu held.
+func (a *Allocator) releaseBlock(ss *streamState, b arena.BlockID, limit uint64) error {
+	info, ok := a.heap.Block(b)
+	if !ok || info.State != arena.Free || info.StreamID != ss.sid {
+		return nil // merged or released since the walk
+	}
+	sg := a.segOf[info.Region]
 	p := sg.pool
-	fl := ss.free[p.idx]
 	if !sg.expandable {
 		return a.destroyClassic(sg)
 	}
-	off := uint64(b.Addr - sg.r.Base)
-	lo, hi := sg.s.WholeHandles(off, b.Size, limit)
+	off := uint64(info.Addr - sg.base)
+	lo, hi := sg.s.WholeHandles(off, info.Size, limit)
 	if lo >= hi {
 		return nil
 	}
-	fl.Remove(b)
+	rel, err := a.heap.BeginRelease(b, lo-off, hi-lo)
+	if err != nil {
+		return fmt.Errorf("%w: %w", ErrCorrupt, err)
+	}
 	done, err := sg.s.Unmap(lo, hi-lo)
+	if _, cerr := a.heap.CommitRelease(rel, done); cerr != nil {
+		return errors.Join(err, fmt.Errorf("%w: %w", ErrCorrupt, cerr))
+	}
 	if done == 0 {
-		fl.Insert(b)
 		return err
 	}
-	piece := b
-	if lo > off {
-		piece = arena.Split(&a.bpool, b, lo-off)
-		fl.Insert(b)
-	}
-	if piece.Size > done {
-		right := arena.Split(&a.bpool, piece, done)
-		fl.Insert(right)
-	}
-	piece.State = arena.Unmapped
-	piece.Stream = 0
-	a.histReserve(false, piece.Addr, -int64(done), ss.stream)
+	a.histReserve(false, sg.base+uintptr(lo), -int64(done), ss.stream)
 	a.st.ReservedBytes.Add(p.kind, -int64(done))
-	if prev := piece.Prev; prev != nil && prev.State == arena.Unmapped {
-		p.unmapped.Delete(prev)
-		arena.Merge(&a.bpool, prev)
-		piece = prev
-	}
-	if next := piece.Next; next != nil && next.State == arena.Unmapped {
-		p.unmapped.Delete(next)
-		arena.Merge(&a.bpool, piece)
-	}
-	p.unmapped.ReplaceOrInsert(piece)
 	a.maybeDropEmpty(sg)
 	return err
 }

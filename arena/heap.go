@@ -249,16 +249,13 @@ func (h *Heap) enter(b *block) {
 
 // ---- streams ----
 
-// AddStream registers stream s (nonzero, not registered yet) and returns
-// its StreamID.
+// AddStream registers stream s (nonzero) and returns its StreamID. One
+// stream value may be registered more than once (a driver may hand out the
+// number of a destroyed stream again while the heap still holds memory of
+// the first): each registration is its own owner.
 func (h *Heap) AddStream(s backend.Stream) (StreamID, error) {
 	if s == 0 {
 		return 0, fmt.Errorf("%w: stream 0", ErrBadStream)
-	}
-	for i := 1; i < len(h.streams); i++ {
-		if h.streams[i].stream == s {
-			return 0, fmt.Errorf("%w: stream %d already registered as %d", ErrBadStream, s, i)
-		}
 	}
 	var sid StreamID
 	if n := len(h.freeStreams); n > 0 {
