@@ -26,19 +26,19 @@ type Allocator struct {
 	allowed uint64 // reserved-memory cap from the memory fraction, nbytes
 
 	mu       sync.Mutex
-	defaultS backend.Stream                  // the default stream; 0 once Close destroyed it; mu
-	closed   bool                            // guarded by mu
-	heap     *arena.Heap                     // every block: storage, split, coalesce, best fit (arena.Heap); mu
-	states   []*streamState                  // stream states by arena.StreamID; mu
-	segOf    []*seg                          // segments by arena.RegionID; mu
+	defaultS backend.Stream                     // the default stream; 0 once Close destroyed it; mu
+	closed   bool                               // guarded by mu
+	heap     *arena.Heap                        // every block: storage, split, coalesce, best fit (arena.Heap); mu
+	states   []*streamState                     // stream states by arena.StreamID; mu
+	segOf    []*seg                             // segments by arena.RegionID; mu
 	uses     map[arena.BlockID][]backend.Stream // other streams recorded on allocated blocks (RecordStream); mu
-	streams  map[backend.Stream]*streamState // validated streams in use; mu
-	idle     *streamState                    // owner of memory of released streams (see streams.go); mu
-	vanished map[backend.Stream]*streamState // streams destroyed behind the allocator's back; mu
-	busy     []*streamState                  // streams with queued events, any order; mu
-	stranded []arena.BlockID                 // PendingFree blocks waiting on a vanished stream's work; mu
-	lastS    *streamState                    // most recently used stream; mu
-	spare    []*streamState                  // empty states of released streams for reuse, at most maxSpareStates; mu
+	streams  map[backend.Stream]*streamState    // validated streams in use; mu
+	idle     *streamState                       // owner of memory of released streams (see streams.go); mu
+	vanished map[backend.Stream]*streamState    // streams destroyed behind the allocator's back; mu
+	busy     []*streamState                     // streams with queued events, any order; mu
+	stranded []arena.BlockID                    // PendingFree blocks waiting on a vanished stream's work; mu
+	lastS    *streamState                       // most recently used stream; mu
+	spare    []*streamState                     // empty states of released streams for reuse, at most maxSpareStates; mu
 	// keepEmpty keeps empty expandable reservations while a released
 	// stream's memory is returned, for the next stream to map into; mu.
 	keepEmpty bool
@@ -62,8 +62,8 @@ type streamState struct {
 	stream  backend.Stream
 	sid     arena.StreamID // the stream's owner id in the heap, whose free indexes hold its free blocks per pool
 	queue   []pendingEvent // events recorded on this stream, oldest first
-	busyIdx int                // index in Allocator.busy while queue is not empty, else -1
-	active  int                // Allocated and PendingFree blocks of this stream
+	busyIdx int            // index in Allocator.busy while queue is not empty, else -1
+	active  int            // Allocated and PendingFree blocks of this stream
 	// idle: an event recorded on the stream was found complete and no
 	// block has been freed to it since, so every block in its free lists
 	// may go to another stream (reclaim.go). Cleared by freeBlock.
@@ -81,8 +81,8 @@ type pendingEvent struct {
 type pool struct {
 	kind     stats.PoolKind
 	idx      int
-	pageSize uint64                      // bytes per full-size physical handle (expandable)
-	vaSize   uint64                      // bytes of VA per expandable segment
+	pageSize uint64               // bytes per full-size physical handle (expandable)
+	vaSize   uint64               // bytes of VA per expandable segment
 	cache    *segment.HandleCache // unmapped full-size handles
 	nexp     int                  // expandable segments in this pool
 }
