@@ -339,7 +339,7 @@ func (a *Allocator) Malloc(size uint64, stream backend.Stream) (uintptr, error) 
 	}
 	rounded := a.roundSize(size)
 	p := a.poolFor(rounded)
-	b := a.bestFit(ss, p, rounded)
+	b, addr, bsize := a.bestFit(ss, p, rounded)
 	if b == arena.NoBlock {
 		if b, err = a.allocSlow(ss, p, rounded, size); err != nil {
 			if a.hist != nil {
@@ -347,9 +347,10 @@ func (a *Allocator) Malloc(size uint64, stream backend.Stream) (uintptr, error) 
 			}
 			return 0, err
 		}
+		pk, _ := a.heap.Peek(b)
+		addr, bsize = pk.Addr, pk.Size
 	}
-	addr, err := a.allocFound(ss, p, b, rounded, size)
-	if err != nil {
+	if err := a.allocFound(ss, p, b, bsize, rounded, size); err != nil {
 		return 0, err
 	}
 	if a.hist != nil {
@@ -358,22 +359,21 @@ func (a *Allocator) Malloc(size uint64, stream backend.Stream) (uintptr, error) 
 	return addr, nil
 }
 
-// bestFit returns the best free block of ss in p for rounded bytes, or
-// NoBlock. mu held.
-func (a *Allocator) bestFit(ss *streamState, p *pool, rounded uint64) arena.BlockID {
-	b := a.heap.BestFit(ss.sid, uint8(p.idx), rounded)
+// bestFit returns the best free block of ss in p for rounded bytes, its
+// address and size, or NoBlock. mu held.
+func (a *Allocator) bestFit(ss *streamState, p *pool, rounded uint64) (arena.BlockID, uintptr, uint64) {
+	b, addr, size := a.heap.BestFitAt(ss.sid, uint8(p.idx), rounded)
 	if b == arena.NoBlock || a.cfg.MaxSplitSize == 0 || a.cfg.ExpandableSegments {
-		return b
+		return b, addr, size
 	}
 	// Classic oversize blocks (PyTorch's max_split_size rules).
-	size := a.heap.Size(b)
 	if rounded < a.cfg.MaxSplitSize && size >= a.cfg.MaxSplitSize {
-		return arena.NoBlock
+		return arena.NoBlock, 0, 0
 	}
 	if rounded >= a.cfg.MaxSplitSize && size >= rounded+a.cfg.MaxNonSplitRounding {
-		return arena.NoBlock
+		return arena.NoBlock, 0, 0
 	}
-	return b
+	return b, addr, size
 }
 
 func (a *Allocator) shouldSplit(p *pool, size, rounded uint64) bool {
@@ -392,15 +392,14 @@ func (a *Allocator) inactiveSplit(b arena.BlockInfo) bool {
 	return b.State == arena.Free && b.IsSplit() && !a.cfg.ExpandableSegments
 }
 
-// allocFound hands out free block b of ss for a request, splitting off the
-// rest, and returns its address. mu held.
-func (a *Allocator) allocFound(ss *streamState, p *pool, b arena.BlockID, rounded, size uint64) (uintptr, error) {
-	bsize := a.heap.Size(b)
+// allocFound hands out free block b of ss, of bsize bytes, for a request,
+// splitting off the rest. mu held.
+func (a *Allocator) allocFound(ss *streamState, p *pool, b arena.BlockID, bsize, rounded, size uint64) error {
 	if a.shouldSplit(p, bsize, rounded) {
 		bsize = rounded
 	}
 	if err := a.heap.Alloc(b, bsize, size); err != nil {
-		return 0, fmt.Errorf("%w: %w", ErrCorrupt, err)
+		return fmt.Errorf("%w: %w", ErrCorrupt, err)
 	}
 	ss.active++
 	n := int64(bsize)
@@ -412,7 +411,7 @@ func (a *Allocator) allocFound(ss *streamState, p *pool, b arena.BlockID, rounde
 	if a.cfg.MaxSplitSize != 0 && bsize >= a.cfg.MaxSplitSize {
 		a.st.OversizeAllocations.Add(1)
 	}
-	return a.heap.Addr(b), nil
+	return nil
 }
 
 // Free returns ptr to the allocator. If other streams were recorded on it
@@ -442,21 +441,21 @@ func (a *Allocator) Free(ptr uintptr) error {
 	if a.hist != nil {
 		a.histFreeRequested(b)
 	}
-	p := &a.pools[a.heap.PoolOf(b)]
-	size := a.heap.Size(b)
+	pk, _ := a.heap.Peek(b)
+	p := &a.pools[pk.Pool]
 	a.st.Allocation.Dec(p.kind, 1)
-	a.st.AllocatedBytes.Dec(p.kind, int64(size))
-	if a.cfg.MaxSplitSize != 0 && size >= a.cfg.MaxSplitSize {
+	a.st.AllocatedBytes.Dec(p.kind, int64(pk.Size))
+	if a.cfg.MaxSplitSize != 0 && pk.Size >= a.cfg.MaxSplitSize {
 		a.st.OversizeAllocations.Add(-1)
 	}
-	if a.heap.Events(b) > 0 {
+	if pk.Events > 0 {
 		if err := a.heap.MarkPending(b); err != nil {
 			return fmt.Errorf("%w: %w", ErrCorrupt, err)
 		}
 		a.pending++
 		return nil
 	}
-	return a.freeBlock(b)
+	return a.freeBlockPeek(b, pk)
 }
 
 // badPointer classifies a pointer that is not a live allocation. mu held.
@@ -504,15 +503,20 @@ func (a *Allocator) segAt(ptr uintptr) *seg {
 // freeBlock makes an Allocated or PendingFree block free; the heap
 // coalesces it with free neighbours of the same stream. mu held.
 func (a *Allocator) freeBlock(b arena.BlockID) error {
-	info, ok := a.heap.Block(b)
+	info, ok := a.heap.Peek(b)
 	if !ok {
 		return fmt.Errorf("%w: free of unknown block %d", ErrCorrupt, b)
 	}
+	return a.freeBlockPeek(b, info)
+}
+
+// freeBlockPeek is freeBlock given what the heap says of b. mu held.
+func (a *Allocator) freeBlockPeek(b arena.BlockID, info arena.Peek) error {
 	ss := a.lastS // usually the stream just used
-	if ss == nil || ss.sid != info.StreamID {
-		ss = a.states[info.StreamID]
+	if ss == nil || ss.sid != info.Stream {
+		ss = a.states[info.Stream]
 	}
-	p := &a.pools[a.heap.PoolOf(b)]
+	p := &a.pools[info.Pool]
 	if _, err := a.heap.Free(b); err != nil {
 		return fmt.Errorf("%w: %w", ErrCorrupt, err)
 	}

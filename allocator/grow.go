@@ -50,7 +50,7 @@ func (a *Allocator) allocSlow(ss *streamState, p *pool, rounded, size uint64) (a
 	// others), then retry whatever the release reported.
 	a.st.NumAllocRetries++
 	rerr := a.releaseAll()
-	if b = a.bestFit(ss, p, rounded); b != arena.NoBlock {
+	if b, _, _ = a.bestFit(ss, p, rounded); b != arena.NoBlock {
 		return b, nil
 	}
 	if b, err = a.grow(ss, p, rounded); err == nil || !isOOM(err) {

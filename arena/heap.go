@@ -642,3 +642,39 @@ func (h *Heap) Coalescable(id BlockID, sid StreamID) bool {
 	b, ok := h.valid(id)
 	return ok && b.state == Free && b.stream == sid
 }
+
+// Peek is the part of a block its owner's hot path reads, without the
+// stream table lookup that Block does.
+type Peek struct {
+	Addr      uintptr  // first byte
+	Size      uint64   // nbytes
+	Requested uint64   // nbytes asked for; 0 unless Allocated or PendingFree
+	Events    int32    // owner's event count; 0 unless Allocated or PendingFree
+	Stream    StreamID // 0 for Unmapped and Mapping blocks
+	Pool      uint8    // the region's pool
+	State     State    //
+}
+
+// Peek describes block id; ok is false if id names no block.
+func (h *Heap) Peek(id BlockID) (p Peek, ok bool) {
+	b, ok := h.valid(id)
+	if !ok {
+		return Peek{}, false
+	}
+	p = Peek{Addr: b.addr, Size: b.size, Stream: b.stream, Pool: b.pool, State: b.state}
+	if b.inUse() {
+		p.Requested, p.Events = b.aux, b.up
+	}
+	return p, true
+}
+
+// BestFitAt is BestFit that also returns the block's address and size
+// (NoBlock, 0, 0 when none fits).
+func (h *Heap) BestFitAt(sid StreamID, pool uint8, size uint64) (BlockID, uintptr, uint64) {
+	id := h.BestFit(sid, pool, size)
+	if id == NoBlock {
+		return NoBlock, 0, 0
+	}
+	b := h.rec(id)
+	return id, b.addr, b.size
+}
