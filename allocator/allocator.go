@@ -26,6 +26,8 @@ type Allocator struct {
 	allowed uint64 // reserved-memory cap from the memory fraction, nbytes
 
 	mu       sync.Mutex
+	quiet    sync.Cond // signalled (L = &mu) when inflight drops to 0
+	inflight int       // driver waits running with mu dropped (waitUnlocked); mu
 	defaultS backend.Stream                     // the default stream; 0 once Close destroyed it; mu
 	closed   bool                               // guarded by mu
 	heap     *arena.Heap                        // every block: storage, split, coalesce, best fit (arena.Heap); mu
@@ -149,6 +151,7 @@ func New(drv backend.Driver, cfg Config) (*Allocator, error) {
 		streams:  make(map[backend.Stream]*streamState),
 		vanished: make(map[backend.Stream]*streamState),
 	}
+	a.quiet.L = &a.mu
 	if a.idle, err = a.newStreamState(idleStream); err != nil {
 		return nil, err
 	}
@@ -630,6 +633,7 @@ func (a *Allocator) MemoryReserved() uint64 {
 func (a *Allocator) Close() error {
 	a.mu.Lock()
 	defer a.mu.Unlock()
+	a.quiesceWaits()
 	if a.closed && len(a.segs) == 0 && a.defaultS == 0 && len(a.events) == 0 && len(a.zombies) == 0 {
 		return ErrClosed
 	}

@@ -35,6 +35,7 @@ var ErrCorrupt = errors.New("vmmalloc: invariant violated")
 func (a *Allocator) Check() error {
 	a.mu.Lock()
 	defer a.mu.Unlock()
+	a.quiesceWaits()
 	if a.closed {
 		return ErrClosed
 	}
@@ -392,6 +393,7 @@ func (a *Allocator) checkDriver(in backend.Introspector) error {
 func (a *Allocator) Snapshot() stats.Snapshot {
 	a.mu.Lock()
 	defer a.mu.Unlock()
+	a.quiesceWaits()
 	return a.snapshotLocked()
 }
 

@@ -82,6 +82,12 @@ func (a *Allocator) allocSlow(ss *streamState, p *pool, rounded, size uint64) (a
 	return arena.NoBlock, oom
 }
 
+// owns reports whether ss is still registered with the heap as its
+// stream's owner (a state retired while mu was dropped is not). mu held.
+func (a *Allocator) owns(ss *streamState) bool {
+	return ss.sid > 0 && int(ss.sid) < len(a.states) && a.states[ss.sid] == ss
+}
+
 // growSize is how many bytes growth for rounded maps.
 func (a *Allocator) growSize(p *pool, rounded uint64) uint64 {
 	if a.cfg.ExpandableSegments {
@@ -111,6 +117,9 @@ func (a *Allocator) overCap(n uint64) bool {
 // grow maps new memory for a request and returns a free block of ss of at
 // least rounded bytes. mu held.
 func (a *Allocator) grow(ss *streamState, p *pool, rounded uint64) (arena.BlockID, error) {
+	if !a.owns(ss) {
+		return arena.NoBlock, fmt.Errorf("%w: stream %d was released while a Malloc on it waited", ErrInvalidStream, ss.stream)
+	}
 	if !a.cfg.ExpandableSegments {
 		return a.growClassic(ss, p, rounded)
 	}
@@ -157,7 +166,10 @@ func (a *Allocator) growExpandable(ss *streamState, p *pool, rounded uint64) (ar
 		}
 		defer a.holdForGrowth(p, rounded)() // handles unmapped now are remapped below
 		a.reclaimBeforeGrow(ss, p, rounded) // other streams first: no wait
-		a.defragBeforeGrow(ss, p, rounded)
+		a.defragBeforeGrow(ss, p, rounded)  // drops mu while it waits for ss
+		if !a.owns(ss) {
+			return arena.NoBlock, fmt.Errorf("%w: stream %d was released while a Malloc on it waited", ErrInvalidStream, ss.stream)
+		}
 	}
 	h := a.heap
 	freeSize := func(b arena.BlockID) uint64 {

@@ -214,7 +214,9 @@ func (a *Allocator) releaseStream(ss *streamState, target uint64, needSync bool)
 }
 
 // releaseStreamPool is releaseStream limited to pool index onlyPool (-1:
-// every pool). mu held.
+// every pool). mu held; when needSync it drops mu while it waits for the
+// stream (see waitUnlocked), after marking what it will release. mu held
+// again when it returns.
 func (a *Allocator) releaseStreamPool(ss *streamState, onlyPool int, target uint64, needSync bool) error {
 	blocks := a.scratch[:0]
 	for i := range a.pools {
@@ -232,31 +234,118 @@ func (a *Allocator) releaseStreamPool(ss *streamState, onlyPool int, target uint
 	if len(blocks) == 0 {
 		return nil
 	}
-	if needSync {
-		a.counters.StreamSyncs++
-		if err := a.drv.StreamSynchronize(ss.stream); err != nil {
-			if a.streams[ss.stream] != ss || !a.streamGone(ss.stream) {
-				return err
+	if !needSync {
+		var errs []error
+		for i := len(blocks) - 1; i >= 0; i-- { // EachFree yields ascending sizes
+			reserved := uint64(a.st.ReservedBytes[0].Current)
+			if reserved <= target {
+				break
 			}
-			// Destroyed behind our back: its memory is released once a
-			// device synchronize shows its work complete (releaseUntil
-			// and releaseAll do one for all such streams; stranded and
-			// counted until then).
-			a.vanish(ss)
-			return nil
+			if err := a.releaseBlock(ss, blocks[i], reserved-target); err != nil {
+				errs = append(errs, err)
+			}
 		}
+		return errors.Join(errs...)
+	}
+	// Mark the ranges to release (largest blocks first, as many whole
+	// handles as the target asks for), so that nothing allocates them
+	// while the stream is waited for without the lock: work queued on ss
+	// after the wait began may use only memory freed to ss later.
+	rels := blocks[len(blocks):]
+	reserved := uint64(a.st.ReservedBytes[0].Current)
+	for i := len(blocks) - 1; i >= 0 && reserved > target; i-- {
+		info, _ := a.heap.Block(blocks[i])
+		sg := a.segOf[info.Region]
+		off, n := uint64(0), info.Size
+		if sg.expandable {
+			lo, hi := sg.s.WholeHandles(uint64(info.Addr-sg.base), info.Size, reserved-target)
+			if lo >= hi {
+				continue
+			}
+			off, n = lo-uint64(info.Addr-sg.base), hi-lo
+		}
+		rel, err := a.heap.BeginRelease(blocks[i], off, n)
+		if err != nil {
+			continue // Check reports the disagreement
+		}
+		rels = append(rels, rel)
+		reserved -= min(n, reserved)
+	}
+	blocks = rels // the slice the deferred reset keeps
+	if len(rels) == 0 {
+		return nil
+	}
+	a.counters.StreamSyncs++
+	err := a.waitUnlocked(func() error { return a.drv.StreamSynchronize(ss.stream) })
+	if err != nil {
+		for _, rel := range rels {
+			_, _ = a.heap.AbortRelease(rel)
+		}
+		if a.streams[ss.stream] != ss || !a.streamGone(ss.stream) {
+			return err
+		}
+		// Destroyed behind our back: its memory is released once a
+		// device synchronize shows its work complete (releaseUntil
+		// and releaseAll do one for all such streams; stranded and
+		// counted until then).
+		a.vanish(ss)
+		return nil
 	}
 	var errs []error
-	for i := len(blocks) - 1; i >= 0; i-- { // Each yields ascending sizes
-		reserved := uint64(a.st.ReservedBytes[0].Current)
-		if reserved <= target {
-			break
-		}
-		if err := a.releaseBlock(ss, blocks[i], reserved-target); err != nil {
+	for _, rel := range rels {
+		if err := a.releaseMarked(ss, rel); err != nil {
 			errs = append(errs, err)
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// waitUnlocked runs wait, a driver call that may block (a stream or event
+// synchronize), with mu dropped, and retakes mu. Blocks the caller marked
+// Releasing stay out of every index meanwhile; Close, Check and Snapshot
+// wait until no such call is in flight. mu held on entry and on return.
+func (a *Allocator) waitUnlocked(wait func() error) error {
+	a.inflight++
+	a.mu.Unlock()
+	err := wait()
+	a.mu.Lock()
+	if a.inflight--; a.inflight == 0 {
+		a.quiet.Broadcast()
+	}
+	return err
+}
+
+// quiesceWaits waits until no driver wait runs without the lock, so that
+// no block is Releasing. mu held (dropped while waiting).
+func (a *Allocator) quiesceWaits() {
+	for a.inflight > 0 {
+		a.quiet.Wait()
+	}
+}
+
+// releaseMarked returns the memory of Releasing block rel, whose stream
+// work is complete: a whole classic segment, or the whole handles it
+// covers in an expandable segment. mu held.
+func (a *Allocator) releaseMarked(ss *streamState, rel arena.BlockID) error {
+	info, _ := a.heap.Block(rel)
+	sg := a.segOf[info.Region]
+	if !sg.expandable {
+		if _, err := a.heap.AbortRelease(rel); err != nil {
+			return fmt.Errorf("%w: %w", ErrCorrupt, err)
+		}
+		return a.destroyClassic(sg)
+	}
+	lo := uint64(info.Addr - sg.base)
+	done, err := sg.s.Unmap(lo, info.Size)
+	if _, cerr := a.heap.CommitRelease(rel, done); cerr != nil {
+		return errors.Join(err, fmt.Errorf("%w: %w", ErrCorrupt, cerr))
+	}
+	if done > 0 {
+		a.histReserve(false, info.Addr, -int64(done), ss.stream)
+		a.st.ReservedBytes.Add(sg.pool.kind, -int64(done))
+		a.maybeDropEmpty(sg)
+	}
+	return err
 }
 
 // releasable reports whether releasing free block b would return memory:
