@@ -26,8 +26,8 @@ type Allocator struct {
 	allowed uint64 // reserved-memory cap from the memory fraction, nbytes
 
 	mu       sync.Mutex
-	quiet    sync.Cond // signalled (L = &mu) when inflight drops to 0
-	inflight int       // driver waits running with mu dropped (waitUnlocked); mu
+	quiet    sync.Cond                          // signalled (L = &mu) when inflight drops to 0
+	inflight int                                // driver waits running with mu dropped (waitUnlocked); mu
 	defaultS backend.Stream                     // the default stream; 0 once Close destroyed it; mu
 	closed   bool                               // guarded by mu
 	heap     *arena.Heap                        // every block: storage, split, coalesce, best fit (arena.Heap); mu
