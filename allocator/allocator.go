@@ -65,6 +65,7 @@ type streamState struct {
 	sid     arena.StreamID // the stream's owner id in the heap, whose free indexes hold its free blocks per pool
 	queue   []pendingEvent // events recorded on this stream, oldest first
 	busyIdx int            // index in Allocator.busy while queue is not empty, else -1
+	freed   uint64         // blocks freed to this stream, ever (Synchronize's wait without the lock)
 	active  int            // Allocated and PendingFree blocks of this stream
 	// idle: an event recorded on the stream was found complete and no
 	// block has been freed to it since, so every block in its free lists
@@ -525,6 +526,7 @@ func (a *Allocator) freeBlockPeek(b arena.BlockID, info arena.Peek) error {
 	}
 	ss.idle = false
 	ss.active--
+	ss.freed++
 	a.st.Active.Dec(p.kind, 1)
 	a.st.ActiveBytes.Dec(p.kind, int64(info.Size))
 	a.st.RequestedBytes.Dec(p.kind, int64(info.Requested))

@@ -143,11 +143,18 @@ func (a *Allocator) synchronizeAndFreeEvents() error {
 	var errs []error
 	for _, ss := range a.sortedBusy() {
 		for len(ss.queue) > 0 {
-			if err := a.drv.EventSynchronize(ss.queue[0].ev); err != nil {
+			// The wait runs without mu: the block waiting on the event is
+			// PendingFree, which nothing else may take; if another
+			// goroutine retired the event meanwhile, it is not retired
+			// twice.
+			pe := ss.queue[0]
+			if err := a.waitUnlocked(func() error { return a.drv.EventSynchronize(pe.ev) }); err != nil {
 				errs = append(errs, err)
 				break
 			}
-			a.eventDone(ss)
+			if len(ss.queue) > 0 && ss.queue[0] == pe {
+				a.eventDone(ss)
+			}
 		}
 	}
 	return errors.Join(errs...)
@@ -460,12 +467,22 @@ func (a *Allocator) Synchronize(stream backend.Stream) error {
 		return err
 	}
 	a.counters.StreamSyncs++
-	if err := a.drv.StreamSynchronize(ss.stream); err != nil {
+	freed := ss.freed
+	// The wait runs without mu. Blocks freed to ss meanwhile may have work
+	// queued after the wait began, so the release below waits again (with
+	// the blocks marked) if any was.
+	if err := a.waitUnlocked(func() error { return a.drv.StreamSynchronize(ss.stream) }); err != nil {
 		if !a.streamGone(ss.stream) {
 			return err
 		}
 		a.vanish(ss)
 		return fmt.Errorf("%w: stream %d was destroyed: %w", ErrInvalidStream, ss.stream, errors.Join(err, a.quiesce()))
+	}
+	if a.closed {
+		return ErrClosed
+	}
+	if !a.owns(ss) {
+		return nil // released meanwhile: its memory went back then
 	}
 	a.processEvents()
 	if a.cfg.ReleaseThreshold == ^uint64(0) {
@@ -476,5 +493,5 @@ func (a *Allocator) Synchronize(stream backend.Stream) error {
 		return nil
 	}
 	target := uint64(a.st.ReservedBytes[0].Current) - (cached - a.cfg.ReleaseThreshold)
-	return a.releaseStream(ss, target, false)
+	return a.releaseStream(ss, target, ss.freed != freed)
 }
