@@ -102,25 +102,24 @@ type SplitHook func(pool uint8, blocks, bytes int64)
 // Heap is a block heap: see the package documentation. Create one with
 // NewHeap.
 //
-// What the allocator did with Region/Block and does with a Heap:
+// What the allocator asks of a Heap:
 //
-//	best fit in the stream's FreeList      BestFit(sid, pool, size)
-//	Split/SplitFront + live table Put      Alloc(id, n, requested)
-//	coalesceInsert/MergeNext + Take        Free(id) (Allocated or PendingFree)
-//	State = PendingFree                    MarkPending(id); AddEvents/Events
-//	live ptrTable Get                      Lookup(addr)
-//	Region.Find (bad pointers)             Find(addr), RegionAt(addr)
-//	btree of Unmapped blocks (growth)      AscendUnmapped(pool, fn), Coalescable(id, sid)
-//	Map, Split the unmapped run, merge     BeginMap(u, off, n) … CommitMap(m, sid) / AbortMap(m)
-//	releaseBlock's Unmap, Split, merge     BeginRelease(id, off, n) … CommitRelease(r, done) / AbortRelease(r)
-//	release walks (FreeList.Each)          EachFree(sid, pool, fn), FreeLen, FreeBytes
-//	NewRegion / dropSeg                    AddRegion / walk Head…Next, then RemoveRegion
-//	Region.Owner                           the owner's own table indexed by RegionID
-//	countInactive (classic inactive_split) SetSplitHook
-//	Check and Snapshot walks               Regions, Region, Block, Next; Check
+//	cache-hit Malloc                       BestFitAt(sid, pool, size), Alloc(id, n, requested)
+//	Free                                   Lookup(addr), Peek(id), Free(id) or MarkPending(id)
+//	events of a RecordStream'd block       AddEvents, Events; Free when they complete
+//	bad pointers                           Find(addr), RegionAt(addr)
+//	growth: where to map                   AscendUnmapped(pool, fn), Coalescable(id, sid)
+//	growth: mapping                        BeginMap(u, off, n) … CommitMap(m, sid) / AbortMap(m)
+//	release: unmapping                     BeginRelease(id, off, n) … CommitRelease(r, done) / AbortRelease(r)
+//	release walks                          EachFree(sid, pool, fn), FreeLen, FreeBytes
+//	segments                               AddRegion; walk Head…Next, then RemoveRegion
+//	released streams, adoption             MoveStream(from, to), AdoptRange(start, off, n, sid)
+//	classic inactive_split                 SetSplitHook
+//	Check and snapshots                    Regions, Region, Block, Next; Check
 //
-// Block.Uses (streams recorded on an allocated block) stays with the owner,
-// keyed by BlockID.
+// The owner keeps what is policy: its segments by RegionID, its stream
+// states by StreamID, and the streams recorded on allocated blocks
+// (RecordStream) by BlockID.
 type Heap struct {
 	chunks  []*[chunkLen]block // record slabs; BlockID i is chunks[i>>chunkShift][i&(chunkLen-1)]; id 0 unused
 	nrec    int32              // records ever handed out, counting id 0

@@ -55,31 +55,6 @@ func BenchmarkHeapAllocFree(b *testing.B) {
 	}
 }
 
-// BenchmarkLegacyAllocFree is BenchmarkHeapAllocFree over the
-// representation the allocator used before Heap (FreeList, BlockPool,
-// SplitFront and MergeNext, no address table), as a baseline measured
-// under the same machine load.
-func BenchmarkLegacyAllocFree(b *testing.B) {
-	var pool BlockPool
-	var l FreeList
-	r := NewRegion(&pool, 1<<40, 100*unit+3<<29+5<<20, Free, 1, nil)
-	l.Insert(r.Head)
-	for i := 0; i < 100; i++ {
-		blk := l.BestFit(unit)
-		l.SplitFront(&pool, blk, unit)
-		blk.State = Allocated
-	}
-	b.ReportAllocs()
-	b.ResetTimer()
-	for i := 0; i < b.N; i++ {
-		blk := l.BestFit(4096)
-		l.SplitFront(&pool, blk, 4096)
-		blk.State = Allocated
-		blk.State = Free
-		l.MergeNext(&pool, blk)
-	}
-}
-
 // BenchmarkHeapBestFitHoles allocates and frees exact fits among n free
 // holes of one size (each between two allocated blocks): best fit, removal
 // and reinsertion in a treap of n equal-sized blocks, no split or merge.
@@ -119,65 +94,26 @@ func BenchmarkHeapBestFitHoles(b *testing.B) {
 
 // BenchmarkHeapLiveBlocks measures what 10⁶ live allocated blocks cost the
 // Go runtime: bytes of Go heap per block (bytes/block) and the duration of
-// one full runtime.GC() with them live (gc-ms, also ns/op). "heap" is the
-// Heap (pointer-free records in slabs, a table of BlockIDs); "legacy" is
-// the Block/BlockPool representation the allocator used (128-byte headers
-// with 8 pointers, found through a table of keys and *Block values like
-// the allocator's ptrTable).
+// one full runtime.GC() with them live (gc-ms, also ns/op): pointer-free
+// records in slabs and a table of BlockIDs, which the collector does not
+// scan. (benchmarks.BenchmarkLiveBlocksGC measures the same through the
+// allocator.)
 func BenchmarkHeapLiveBlocks(b *testing.B) {
 	const live = 1_000_000
-	for _, impl := range []struct {
-		name  string
-		build func(tb testing.TB) any
-	}{
-		{"heap", func(tb testing.TB) any { h, _ := liveHeap(tb, live); return h }},
-		{"legacy", func(tb testing.TB) any { return legacyLive(live) }},
-	} {
-		b.Run(fmt.Sprintf("%s/live=%d", impl.name, live), func(b *testing.B) {
-			var before, after runtime.MemStats
+	b.Run(fmt.Sprintf("live=%d", live), func(b *testing.B) {
+		var before, after runtime.MemStats
+		runtime.GC()
+		runtime.ReadMemStats(&before)
+		keep, _ := liveHeap(b, live)
+		runtime.GC()
+		runtime.ReadMemStats(&after)
+		b.ResetTimer()
+		start := time.Now()
+		for i := 0; i < b.N; i++ {
 			runtime.GC()
-			runtime.ReadMemStats(&before)
-			keep := impl.build(b)
-			runtime.GC()
-			runtime.ReadMemStats(&after)
-			b.ResetTimer()
-			start := time.Now()
-			for i := 0; i < b.N; i++ {
-				runtime.GC()
-			}
-			b.ReportMetric(float64(time.Since(start).Microseconds())/1e3/float64(b.N), "gc-ms")
-			b.ReportMetric(float64(after.HeapAlloc-before.HeapAlloc)/live, "bytes/block")
-			runtime.KeepAlive(keep)
-		})
-	}
-}
-
-// legacyTable is the allocator's former pointer table: keys and *Block
-// values, at most half full.
-type legacyTable struct {
-	keys []uintptr
-	vals []*Block
-}
-
-// legacyLive builds n live blocks the way the allocator did before Heap:
-// headers from a BlockPool split off one region, found through a table.
-func legacyLive(n int) any {
-	var pool BlockPool
-	r := NewRegion(&pool, 1<<40, uint64(n)*unit+1<<30, Free, 1, nil)
-	size := 1
-	for size < 2*n {
-		size *= 2
-	}
-	t := &legacyTable{keys: make([]uintptr, size), vals: make([]*Block, size)}
-	b := r.Head
-	for i := 0; i < n; i++ {
-		rest := Split(&pool, b, unit)
-		b.State = Allocated
-		slot := int((uint64(b.Addr>>9) * 0x9E3779B97F4A7C15) >> (64 - 21)) // size is 2^21 at n = 10^6
-		for slot &= size - 1; t.keys[slot] != 0; slot = (slot + 1) & (size - 1) {
 		}
-		t.keys[slot], t.vals[slot] = b.Addr, b
-		b = rest
-	}
-	return []any{r, t, &pool}
+		b.ReportMetric(float64(time.Since(start).Microseconds())/1e3/float64(b.N), "gc-ms")
+		b.ReportMetric(float64(after.HeapAlloc-before.HeapAlloc)/live, "bytes/block")
+		runtime.KeepAlive(keep)
+	})
 }

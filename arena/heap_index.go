@@ -3,7 +3,7 @@ package arena
 import "math/bits"
 
 // tlsfIndex is a TLSF index of the free blocks of one (stream, pool) of a
-// Heap: the same classes and bitmaps as FreeList, with class treaps ordered
+// Heap: the classes of classOf and two bitmaps, with class treaps ordered
 // by (size, address) and linked through the records' aux (children) and
 // up (parent) fields. Its methods live on Heap, which owns the records.
 type tlsfIndex struct {
