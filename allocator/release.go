@@ -258,7 +258,9 @@ func (a *Allocator) releaseStreamPool(ss *streamState, onlyPool int, target uint
 	// handles as the target asks for), so that nothing allocates them
 	// while the stream is waited for without the lock: work queued on ss
 	// after the wait began may use only memory freed to ss later.
-	rels := blocks[len(blocks):]
+	// rels outlives the lock drop, so it is not a.scratch, which another
+	// goroutine may use meanwhile.
+	var rels []arena.BlockID
 	reserved := uint64(a.st.ReservedBytes[0].Current)
 	for i := len(blocks) - 1; i >= 0 && reserved > target; i-- {
 		info, _ := a.heap.Block(blocks[i])
@@ -278,7 +280,6 @@ func (a *Allocator) releaseStreamPool(ss *streamState, onlyPool int, target uint
 		rels = append(rels, rel)
 		reserved -= min(n, reserved)
 	}
-	blocks = rels // the slice the deferred reset keeps
 	if len(rels) == 0 {
 		return nil
 	}
