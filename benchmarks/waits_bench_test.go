@@ -1,6 +1,7 @@
 package benchmarks
 
 import (
+	"fmt"
 	"slices"
 	"sync"
 	"testing"
@@ -126,4 +127,48 @@ func BenchmarkMallocFreeDuringWait(b *testing.B) {
 	b.ReportMetric(at(0.99), "p99-ns")
 	b.ReportMetric(float64(lat[len(lat)-1].Nanoseconds()), "max-ns")
 	b.ReportMetric(float64(syncs)/float64(b.N), "waits/op")
+}
+
+// BenchmarkMallocFreeTwoStreams measures cache-hit Malloc+Free throughput
+// with one goroutine on one stream and with two goroutines on two streams
+// (each its own stream, so no block is shared): pairs/s over the whole
+// run, all goroutines together. One device mutex serialises both, so two
+// goroutines gain nothing while the critical section is the whole pair.
+func BenchmarkMallocFreeTwoStreams(b *testing.B) {
+	for _, g := range []int{1, 2} {
+		b.Run(fmt.Sprintf("goroutines=%d", g), func(b *testing.B) {
+			a, e := newAllocator(b, "")
+			defer a.Close()
+			streams := make([]backend.Stream, g)
+			for i := range streams {
+				s, err := e.StreamCreate(0)
+				require.NoError(b, err)
+				streams[i] = s
+				p, err := a.Malloc(4096, s)
+				require.NoError(b, err)
+				require.NoError(b, a.Free(p))
+			}
+			var wg sync.WaitGroup
+			b.ResetTimer()
+			start := time.Now()
+			for _, s := range streams {
+				wg.Add(1)
+				go func(s backend.Stream) {
+					defer wg.Done()
+					for i := 0; i < b.N; i++ {
+						p, err := a.Malloc(4096, s)
+						if err == nil {
+							err = a.Free(p)
+						}
+						if err != nil {
+							b.Error(err)
+							return
+						}
+					}
+				}(s)
+			}
+			wg.Wait()
+			b.ReportMetric(float64(g*b.N)/time.Since(start).Seconds(), "pairs/s")
+		})
+	}
 }
