@@ -7,7 +7,6 @@ import (
 	"sort"
 	"sync"
 
-	"github.com/google/btree"
 	"github.com/vmmalloc/vmmalloc/arena"
 	"github.com/vmmalloc/vmmalloc/backend"
 	"github.com/vmmalloc/vmmalloc/segment"
@@ -27,17 +26,22 @@ type Allocator struct {
 	allowed uint64 // reserved-memory cap from the memory fraction, nbytes
 
 	mu       sync.Mutex
-	defaultS backend.Stream                  // the default stream; 0 once Close destroyed it; mu
-	closed   bool                            // guarded by mu
-	live     ptrTable                        // allocated blocks by address; mu
-	streams  map[backend.Stream]*streamState // validated streams in use; mu
-	idle     *streamState                    // owner of memory of released streams (see streams.go); mu
-	vanished map[backend.Stream]*streamState // streams destroyed behind the allocator's back; mu
-	ghosts   uint64                          // ghost ids given to vanished streams whose id was reused; mu
-	busy     []*streamState                  // streams with queued events, any order; mu
-	stranded []*arena.Block                  // PendingFree blocks waiting on a vanished stream's work; mu
-	lastS    *streamState                    // most recently used stream; mu
-	spare    []*streamState                  // empty states of released streams for reuse, at most maxSpareStates; mu
+	quiet    sync.Cond                          // signalled (L = &mu) when inflight drops to 0
+	inflight int                                // driver waits running with mu dropped (waitUnlocked); mu
+	defaultS backend.Stream                     // the default stream; 0 once Close destroyed it; mu
+	closed   bool                               // guarded by mu
+	heap     *arena.Heap                        // every block: storage, split, coalesce, best fit (arena.Heap); mu
+	states   []*streamState                     // stream states by arena.StreamID; mu
+	segOf    []*seg                             // segments by arena.RegionID; mu
+	uses     map[arena.BlockID][]backend.Stream // other streams recorded on allocated blocks (RecordStream); mu
+	streams  map[backend.Stream]*streamState    // validated streams in use; mu
+	idle     *streamState                       // owner of memory of released streams (see streams.go); mu
+	vanished map[backend.Stream]*streamState    // streams destroyed behind the allocator's back; mu
+	ghosts   uint64                             // ghost ids given to vanished streams whose id was reused; mu
+	busy     []*streamState                     // streams with queued events, any order; mu
+	stranded []arena.BlockID                    // PendingFree blocks waiting on a vanished stream's work; mu
+	lastS    *streamState                       // most recently used stream; mu
+	spare    []*streamState                     // empty states of released streams for reuse, at most maxSpareStates; mu
 	// keepEmpty keeps empty expandable reservations while a released
 	// stream's memory is returned, for the next stream to map into; mu.
 	keepEmpty bool
@@ -45,10 +49,9 @@ type Allocator struct {
 	segs      []*seg            // every segment, ascending base; mu
 	pending   int               // blocks in PendingFree; mu
 	events    []backend.Event   // idle events for reuse; mu
-	bpool     arena.BlockPool   // recycled block headers; mu
 	st        stats.DeviceStats // mu
 	counters  segment.Counters  // driver-call figures shared by segments; mu
-	scratch   []*arena.Block    // reusable slice for release walks; mu
+	scratch   []arena.BlockID   // reusable slice for release walks; mu
 	hist      *history          // memory history (history.go); nil when off; mu
 
 	zombies        []*zombie        // dropped segments still holding driver state; mu
@@ -60,10 +63,11 @@ type Allocator struct {
 // mutex guards every field.
 type streamState struct {
 	stream  backend.Stream
-	free    [2]*arena.FreeList // free mapped blocks of this stream, per pool
-	queue   []pendingEvent     // events recorded on this stream, oldest first
-	busyIdx int                // index in Allocator.busy while queue is not empty, else -1
-	active  int                // Allocated and PendingFree blocks of this stream
+	sid     arena.StreamID // the stream's owner id in the heap, whose free indexes hold its free blocks per pool
+	queue   []pendingEvent // events recorded on this stream, oldest first
+	busyIdx int            // index in Allocator.busy while queue is not empty, else -1
+	freed   uint64         // blocks freed to this stream, ever (Synchronize's wait without the lock)
+	active  int            // Allocated and PendingFree blocks of this stream
 	// idle: an event recorded on the stream was found complete and no
 	// block has been freed to it since, so every block in its free lists
 	// may go to another stream (reclaim.go). Cleared by freeBlock.
@@ -74,24 +78,25 @@ type streamState struct {
 // waits for.
 type pendingEvent struct {
 	ev backend.Event
-	b  *arena.Block
+	b  arena.BlockID
 }
 
 // pool is the small or the large pool.
 type pool struct {
 	kind     stats.PoolKind
 	idx      int
-	pageSize uint64                      // bytes per full-size physical handle (expandable)
-	vaSize   uint64                      // bytes of VA per expandable segment
-	cache    *segment.HandleCache        // unmapped full-size handles
-	unmapped *btree.BTreeG[*arena.Block] // Unmapped blocks by address
-	nexp     int                         // expandable segments in this pool
+	pageSize uint64               // bytes per full-size physical handle (expandable)
+	vaSize   uint64               // bytes of VA per expandable segment
+	cache    *segment.HandleCache // unmapped full-size handles
+	nexp     int                  // expandable segments in this pool
 }
 
 // seg is one segment and its blocks.
 type seg struct {
 	s          *segment.Segment
-	r          *arena.Region
+	rid        arena.RegionID // the segment's region in the heap
+	base       uintptr        // first byte of the reservation
+	size       uint64         // nbytes reserved
 	pool       *pool
 	expandable bool
 }
@@ -130,7 +135,15 @@ func New(drv backend.Driver, cfg Config) (*Allocator, error) {
 	if err != nil {
 		return nil, err
 	}
+	heap, err := arena.NewHeap(len(Allocator{}.pools))
+	if err != nil {
+		return nil, err
+	}
 	a := &Allocator{
+		heap:     heap,
+		states:   make([]*streamState, 1),
+		segOf:    make([]*seg, 1),
+		uses:     make(map[arena.BlockID][]backend.Stream),
 		drv:      drv,
 		cfg:      cfg,
 		dev:      cfg.Device,
@@ -139,7 +152,20 @@ func New(drv backend.Driver, cfg Config) (*Allocator, error) {
 		allowed:  total,
 		streams:  make(map[backend.Stream]*streamState),
 		vanished: make(map[backend.Stream]*streamState),
-		idle:     newStreamState(idleStream),
+	}
+	a.quiet.L = &a.mu
+	if a.idle, err = a.newStreamState(idleStream); err != nil {
+		return nil, err
+	}
+	if !cfg.ExpandableSegments {
+		// inactive_split: free blocks split off a larger classic segment
+		// (expandable free handles can always be released, so PyTorch
+		// leaves them out).
+		heap.SetSplitHook(func(pool uint8, blocks, bytes int64) {
+			kind := a.pools[pool].kind
+			a.st.InactiveSplit.Add(kind, blocks)
+			a.st.InactiveSplitBytes.Add(kind, bytes)
+		})
 	}
 	if cfg.PerProcessMemoryFraction < 1 {
 		a.allowed = uint64(cfg.PerProcessMemoryFraction * float64(total))
@@ -158,7 +184,6 @@ func New(drv backend.Driver, cfg Config) (*Allocator, error) {
 		}
 		p.pageSize = ps
 		p.vaSize = reservationSize(total, gran, ps)
-		p.unmapped = btree.NewG(16, func(x, y *arena.Block) bool { return x.Addr < y.Addr })
 		p.cache = segment.NewHandleCache(drv, ps, prop, int(cfg.HandleCacheSize/ps), &a.counters)
 	}
 	s, err := drv.StreamCreate(cfg.Device)
@@ -166,7 +191,11 @@ func New(drv backend.Driver, cfg Config) (*Allocator, error) {
 		return nil, err
 	}
 	a.defaultS = s
-	a.streams[s] = newStreamState(s)
+	ss, err := a.newStreamState(s)
+	if err != nil {
+		return nil, errors.Join(err, drv.StreamDestroy(s))
+	}
+	a.streams[s] = ss
 	return a, nil
 }
 
@@ -187,9 +216,43 @@ func reservationSize(total, gran, page uint64) uint64 {
 	return min(roundUp(want, page), limit)
 }
 
-func newStreamState(s backend.Stream) *streamState {
-	return &streamState{stream: s, free: [2]*arena.FreeList{new(arena.FreeList), new(arena.FreeList)}, busyIdx: -1}
+// newStreamState makes the state of stream s and registers s with the
+// heap. mu held (or a not yet shared).
+func (a *Allocator) newStreamState(s backend.Stream) (*streamState, error) {
+	ss := &streamState{stream: s, busyIdx: -1}
+	return ss, a.register(ss)
 }
+
+// register makes ss.stream an owner of blocks in the heap. mu held.
+func (a *Allocator) register(ss *streamState) error {
+	sid, err := a.heap.AddStream(ss.stream)
+	if err != nil {
+		return err
+	}
+	ss.sid = sid
+	for int(sid) >= len(a.states) {
+		a.states = append(a.states, nil)
+	}
+	a.states[sid] = ss
+	return nil
+}
+
+// freeLen and freeBytes count the free blocks of ss in every pool. mu held.
+func (a *Allocator) freeLen(ss *streamState) int {
+	return a.heap.FreeLen(ss.sid, smallIdx) + a.heap.FreeLen(ss.sid, largeIdx)
+}
+
+func (a *Allocator) freeBytes(ss *streamState) uint64 {
+	return a.heap.FreeBytes(ss.sid, smallIdx) + a.heap.FreeBytes(ss.sid, largeIdx)
+}
+
+// ownerOf is the state owning block id. mu held.
+func (a *Allocator) ownerOf(id arena.BlockID) *streamState {
+	return a.states[a.heap.StreamOf(id)]
+}
+
+// segOfBlock is the segment holding block id. mu held.
+func (a *Allocator) segOfBlock(id arena.BlockID) *seg { return a.segOf[a.heap.RegionOf(id)] }
 
 // Device is the device ordinal this allocator serves.
 func (a *Allocator) Device() int { return a.dev }
@@ -244,7 +307,9 @@ func (a *Allocator) stream(s backend.Stream) (*streamState, error) {
 			// (CUDA and ACL ids are pointers, and are reused).
 			a.retireVanishedID(old)
 		}
-		ss = a.newState(s)
+		if ss, err = a.newState(s); err != nil {
+			return nil, err
+		}
 		a.streams[s] = ss
 	}
 	a.lastS = ss
@@ -304,89 +369,79 @@ func (a *Allocator) Malloc(size uint64, stream backend.Stream) (uintptr, error) 
 	}
 	rounded := a.roundSize(size)
 	p := a.poolFor(rounded)
-	b := a.bestFit(ss, p, rounded)
-	if b == nil {
+	b, addr, bsize := a.bestFit(ss, p, rounded)
+	if b == arena.NoBlock {
 		if b, err = a.allocSlow(ss, p, rounded, size); err != nil {
 			if a.hist != nil {
 				a.histOOM(size, ss.stream, err)
 			}
 			return 0, err
 		}
+		pk, _ := a.heap.Peek(b)
+		addr, bsize = pk.Addr, pk.Size
 	}
-	a.allocFound(ss, p, b, rounded, size)
+	if err := a.allocFound(ss, p, b, bsize, rounded, size); err != nil {
+		return 0, err
+	}
 	if a.hist != nil {
 		a.histAlloc(b, size)
 	}
-	return b.Addr, nil
+	return addr, nil
 }
 
-// bestFit returns the best free block of ss in p for rounded bytes, still in
-// its free list, or nil. mu held.
-func (a *Allocator) bestFit(ss *streamState, p *pool, rounded uint64) *arena.Block {
-	b := ss.free[p.idx].BestFit(rounded)
-	if b == nil || a.cfg.MaxSplitSize == 0 || a.cfg.ExpandableSegments {
-		return b
+// bestFit returns the best free block of ss in p for rounded bytes, its
+// address and size, or NoBlock. mu held.
+func (a *Allocator) bestFit(ss *streamState, p *pool, rounded uint64) (arena.BlockID, uintptr, uint64) {
+	b, addr, size := a.heap.BestFitAt(ss.sid, uint8(p.idx), rounded)
+	if b == arena.NoBlock || a.cfg.MaxSplitSize == 0 || a.cfg.ExpandableSegments {
+		return b, addr, size
 	}
 	// Classic oversize blocks (PyTorch's max_split_size rules).
-	if rounded < a.cfg.MaxSplitSize && b.Size >= a.cfg.MaxSplitSize {
-		return nil
+	if rounded < a.cfg.MaxSplitSize && size >= a.cfg.MaxSplitSize {
+		return arena.NoBlock, 0, 0
 	}
-	if rounded >= a.cfg.MaxSplitSize && b.Size >= rounded+a.cfg.MaxNonSplitRounding {
-		return nil
+	if rounded >= a.cfg.MaxSplitSize && size >= rounded+a.cfg.MaxNonSplitRounding {
+		return arena.NoBlock, 0, 0
 	}
-	return b
+	return b, addr, size
 }
 
-func (a *Allocator) shouldSplit(p *pool, b *arena.Block, rounded uint64) bool {
-	rem := b.Size - rounded
+func (a *Allocator) shouldSplit(p *pool, size, rounded uint64) bool {
+	rem := size - rounded
 	if p.idx == smallIdx || a.cfg.ExpandableSegments {
 		return rem >= minBlockSize
 	}
 	return (a.cfg.MaxSplitSize == 0 || rounded < a.cfg.MaxSplitSize) && rem > smallSize
 }
 
-// inactiveSplit reports whether b counts in inactive_split: a free block
-// split off a larger classic segment (expandable free handles can always be
-// released, so PyTorch leaves them out).
-func (a *Allocator) inactiveSplit(b *arena.Block) bool {
+// inactiveSplit reports whether block b counts in inactive_split: a free
+// block split off a larger classic segment (expandable free handles can
+// always be released, so PyTorch leaves them out). The heap's split hook
+// keeps the statistic; Check recounts it with this.
+func (a *Allocator) inactiveSplit(b arena.BlockInfo) bool {
 	return b.State == arena.Free && b.IsSplit() && !a.cfg.ExpandableSegments
 }
 
-func (a *Allocator) countInactive(p *pool, b *arena.Block, sign int64) {
-	if !a.cfg.ExpandableSegments && a.inactiveSplit(b) {
-		a.st.InactiveSplit.Add(p.kind, sign)
-		a.st.InactiveSplitBytes.Add(p.kind, sign*int64(b.Size))
+// allocFound hands out free block b of ss, of bsize bytes, for a request,
+// splitting off the rest. mu held.
+func (a *Allocator) allocFound(ss *streamState, p *pool, b arena.BlockID, bsize, rounded, size uint64) error {
+	if a.shouldSplit(p, bsize, rounded) {
+		bsize = rounded
 	}
-}
-
-// allocFound hands out free block b (in its free list or out of any) for
-// a request, splitting off the rest. mu held.
-func (a *Allocator) allocFound(ss *streamState, p *pool, b *arena.Block, rounded, size uint64) {
-	a.countInactive(p, b, -1)
-	fl := ss.free[p.idx]
-	switch split, listed := a.shouldSplit(p, b, rounded), fl.Contains(b); {
-	case split && listed:
-		a.countInactive(p, fl.SplitFront(&a.bpool, b, rounded), +1)
-	case split:
-		rest := arena.Split(&a.bpool, b, rounded)
-		fl.Insert(rest)
-		a.countInactive(p, rest, +1)
-	case listed:
-		fl.Remove(b)
+	if err := a.heap.Alloc(b, bsize, size); err != nil {
+		return fmt.Errorf("%w: %w", ErrCorrupt, err)
 	}
-	b.State = arena.Allocated
-	b.Requested = size
 	ss.active++
-	a.live.Put(b.Addr, b)
-	n := int64(b.Size)
+	n := int64(bsize)
 	a.st.Allocation.Inc(p.kind, 1)
 	a.st.AllocatedBytes.Inc(p.kind, n)
 	a.st.Active.Inc(p.kind, 1)
 	a.st.ActiveBytes.Inc(p.kind, n)
 	a.st.RequestedBytes.Inc(p.kind, int64(size))
-	if a.cfg.MaxSplitSize != 0 && b.Size >= a.cfg.MaxSplitSize {
+	if a.cfg.MaxSplitSize != 0 && bsize >= a.cfg.MaxSplitSize {
 		a.st.OversizeAllocations.Add(1)
 	}
+	return nil
 }
 
 // Free returns ptr to the allocator. If other streams were recorded on it
@@ -401,35 +456,37 @@ func (a *Allocator) Free(ptr uintptr) error {
 	if ptr == 0 || ptr%minBlockSize != 0 { // never handed out: no lookup
 		return a.badPointer(ptr)
 	}
-	b := a.live.Take(ptr)
-	if b == nil {
+	b := a.heap.Lookup(ptr)
+	if b == arena.NoBlock {
 		return a.badPointer(ptr)
 	}
-	if len(b.Uses) > 0 {
-		if err := a.insertEvents(b); err != nil {
-			a.live.Put(ptr, b) // nothing changed
-			return err
+	if len(a.uses) > 0 {
+		if uses := a.uses[b]; len(uses) > 0 {
+			if err := a.insertEvents(b, uses); err != nil {
+				return err // nothing changed
+			}
+			delete(a.uses, b)
 		}
 	}
 	if a.hist != nil {
 		a.histFreeRequested(b)
 	}
-	p := &a.pools[poolIdx(b)]
+	pk, _ := a.heap.Peek(b)
+	p := &a.pools[pk.Pool]
 	a.st.Allocation.Dec(p.kind, 1)
-	a.st.AllocatedBytes.Dec(p.kind, int64(b.Size))
-	if a.cfg.MaxSplitSize != 0 && b.Size >= a.cfg.MaxSplitSize {
+	a.st.AllocatedBytes.Dec(p.kind, int64(pk.Size))
+	if a.cfg.MaxSplitSize != 0 && pk.Size >= a.cfg.MaxSplitSize {
 		a.st.OversizeAllocations.Add(-1)
 	}
-	if b.Events > 0 {
-		b.State = arena.PendingFree
+	if pk.Events > 0 {
+		if err := a.heap.MarkPending(b); err != nil {
+			return fmt.Errorf("%w: %w", ErrCorrupt, err)
+		}
 		a.pending++
 		return nil
 	}
-	a.freeBlock(b)
-	return nil
+	return a.freeBlockPeek(b, pk)
 }
-
-func poolIdx(b *arena.Block) int { return int(b.Region.Pool) }
 
 // badPointer classifies a pointer that is not a live allocation. mu held.
 //
@@ -446,16 +503,17 @@ func (a *Allocator) badPointer(ptr uintptr) error {
 	if sg == nil {
 		return fmt.Errorf("%w: %#x", ErrUnknownPointer, ptr)
 	}
-	b := sg.r.Find(ptr)
+	id := a.heap.Find(ptr)
+	b, _ := a.heap.Block(id)
 	switch {
-	case b == nil:
+	case id == arena.NoBlock:
 		return fmt.Errorf("%w: %#x", ErrUnknownPointer, ptr)
 	case b.Addr != ptr && (b.State == arena.Allocated || b.State == arena.PendingFree):
 		return fmt.Errorf("%w: %#x is %d bytes into the block at %#x", ErrInteriorPointer, ptr, ptr-b.Addr, b.Addr)
 	case b.State == arena.PendingFree:
 		return fmt.Errorf("%w: %#x (free pending on stream events)", ErrDoubleFree, ptr)
 	case b.State == arena.Unmapped:
-		return fmt.Errorf("%w: %#x is in unmapped address space of the reservation at %#x", ErrUnknownPointer, ptr, sg.r.Base)
+		return fmt.Errorf("%w: %#x is in unmapped address space of the reservation at %#x", ErrUnknownPointer, ptr, sg.base)
 	case ptr%minBlockSize != 0:
 		return fmt.Errorf("%w: %#x is not 512-byte aligned", ErrUnknownPointer, ptr)
 	default:
@@ -465,61 +523,43 @@ func (a *Allocator) badPointer(ptr uintptr) error {
 
 // segAt returns the segment whose range holds ptr. mu held.
 func (a *Allocator) segAt(ptr uintptr) *seg {
-	i := sort.Search(len(a.segs), func(i int) bool { return a.segs[i].r.End() > ptr })
-	if i < len(a.segs) && a.segs[i].r.Base <= ptr {
+	i := sort.Search(len(a.segs), func(i int) bool { return a.segs[i].base+uintptr(a.segs[i].size) > ptr })
+	if i < len(a.segs) && a.segs[i].base <= ptr {
 		return a.segs[i]
 	}
 	return nil
 }
 
-// freeBlock makes an Allocated or PendingFree block free and coalesces it
-// with free neighbours of the same stream. mu held.
-func (a *Allocator) freeBlock(b *arena.Block) {
+// freeBlock makes an Allocated or PendingFree block free; the heap
+// coalesces it with free neighbours of the same stream. mu held.
+func (a *Allocator) freeBlock(b arena.BlockID) error {
+	info, ok := a.heap.Peek(b)
+	if !ok {
+		return fmt.Errorf("%w: free of unknown block %d", ErrCorrupt, b)
+	}
+	return a.freeBlockPeek(b, info)
+}
+
+// freeBlockPeek is freeBlock given what the heap says of b. mu held.
+func (a *Allocator) freeBlockPeek(b arena.BlockID, info arena.Peek) error {
 	ss := a.lastS // usually the stream just used
-	if ss == nil || ss.stream != b.Stream {
-		ss = a.stateOf(b.Stream)
+	if ss == nil || ss.sid != info.Stream {
+		ss = a.states[info.Stream]
+	}
+	p := &a.pools[info.Pool]
+	if _, err := a.heap.Free(b); err != nil {
+		return fmt.Errorf("%w: %w", ErrCorrupt, err)
 	}
 	ss.idle = false
 	ss.active--
-	p := &a.pools[poolIdx(b)]
-	fl := ss.free[p.idx]
+	ss.freed++
 	a.st.Active.Dec(p.kind, 1)
-	a.st.ActiveBytes.Dec(p.kind, int64(b.Size))
-	a.st.RequestedBytes.Dec(p.kind, int64(b.Requested))
-	b.State = arena.Free
-	b.Requested = 0
-	b.Uses = b.Uses[:0]
-	a.coalesceInsert(p, fl, b)
+	a.st.ActiveBytes.Dec(p.kind, int64(info.Size))
+	a.st.RequestedBytes.Dec(p.kind, int64(info.Requested))
 	if ss == a.idle {
-		a.releaseIdle()
+		_ = a.releaseIdle()
 	}
-}
-
-// coalesceInsert merges free block b (out of any list) with the free
-// neighbours of its stream in fl and inserts the result into fl. mu held.
-func (a *Allocator) coalesceInsert(p *pool, fl *arena.FreeList, b *arena.Block) *arena.Block {
-	prevFree := b.Prev != nil && b.Prev.State == arena.Free && b.Prev.Stream == b.Stream && fl.Contains(b.Prev)
-	if next := b.Next; !prevFree && next != nil && next.State == arena.Free && next.Stream == b.Stream && fl.Contains(next) {
-		// The common case, freeing the block just split off a free one.
-		a.countInactive(p, next, -1)
-		fl.MergeNext(&a.bpool, b)
-		a.countInactive(p, b, +1)
-		return b
-	}
-	if prev := b.Prev; prev != nil && prev.State == arena.Free && prev.Stream == b.Stream && fl.Contains(prev) {
-		a.countInactive(p, prev, -1)
-		fl.Remove(prev)
-		arena.Merge(&a.bpool, prev)
-		b = prev
-	}
-	if next := b.Next; next != nil && next.State == arena.Free && next.Stream == b.Stream && fl.Contains(next) {
-		a.countInactive(p, next, -1)
-		fl.Remove(next)
-		arena.Merge(&a.bpool, b)
-	}
-	fl.Insert(b)
-	a.countInactive(p, b, +1)
-	return b
+	return nil
 }
 
 // RecordStream marks ptr as used by work on stream s: when ptr is freed, its
@@ -534,23 +574,24 @@ func (a *Allocator) RecordStream(ptr uintptr, s backend.Stream) error {
 	if ptr == 0 || ptr%minBlockSize != 0 { // never handed out: no lookup
 		return a.badPointer(ptr)
 	}
-	b := a.live.Get(ptr)
-	if b == nil {
+	b := a.heap.Lookup(ptr)
+	if b == arena.NoBlock {
 		return a.badPointer(ptr)
 	}
 	ss, err := a.stream(s)
 	if err != nil {
 		return err
 	}
-	if ss.stream == b.Stream {
+	if ss.sid == a.heap.StreamOf(b) {
 		return nil
 	}
-	for _, u := range b.Uses {
+	uses := a.uses[b]
+	for _, u := range uses {
 		if u == ss.stream {
 			return nil
 		}
 	}
-	b.Uses = append(b.Uses, ss.stream)
+	a.uses[b] = append(uses, ss.stream)
 	return nil
 }
 
@@ -620,6 +661,7 @@ func (a *Allocator) MemoryReserved() uint64 {
 func (a *Allocator) Close() error {
 	a.mu.Lock()
 	defer a.mu.Unlock()
+	a.quiesceWaits()
 	if a.closed && len(a.segs) == 0 && a.defaultS == 0 && len(a.events) == 0 && len(a.zombies) == 0 {
 		return ErrClosed
 	}
@@ -683,7 +725,7 @@ func (a *Allocator) Close() error {
 			a.defaultS = 0
 		}
 	}
-	a.live.Reset()
+	clear(a.uses)
 	return errors.Join(errs...)
 }
 

@@ -35,6 +35,7 @@ var ErrCorrupt = errors.New("vmmalloc: invariant violated")
 func (a *Allocator) Check() error {
 	a.mu.Lock()
 	defer a.mu.Unlock()
+	a.quiesceWaits()
 	if a.closed {
 		return ErrClosed
 	}
@@ -52,19 +53,29 @@ func corrupt(format string, args ...any) error {
 }
 
 func (a *Allocator) check() error {
+	// The heap's own invariants: tiling, coalescing, indexes, table.
+	if err := a.heap.Check(); err != nil {
+		return fmt.Errorf("%w: %w", ErrCorrupt, err)
+	}
+	h := a.heap
 	var want stats.DeviceStats
-	var nFree [2]int
-	var nUnmapped [2]int
-	nLive, nEvents := 0, 0
+	nLive, nEvents, nRegions := 0, 0, 0
 	active := map[*streamState]int{}
+	h.Regions(func(arena.RegionID) bool { nRegions++; return true })
+	if nRegions != len(a.segs) {
+		return corrupt("the heap holds %d regions, the allocator %d segments", nRegions, len(a.segs))
+	}
 	for i, sg := range a.segs {
-		if i > 0 && a.segs[i-1].r.End() > sg.r.Base {
-			return corrupt("segments %#x and %#x overlap or are unordered", a.segs[i-1].r.Base, sg.r.Base)
+		if i > 0 && a.segs[i-1].base+uintptr(a.segs[i-1].size) > sg.base {
+			return corrupt("segments %#x and %#x overlap or are unordered", a.segs[i-1].base, sg.base)
 		}
 		p := sg.pool
-		r := sg.r
-		if r.Base != sg.s.Base() || r.Size != sg.s.Size() {
-			return corrupt("region %#x+%d differs from its segment %#x+%d", r.Base, r.Size, sg.s.Base(), sg.s.Size())
+		r, ok := h.Region(sg.rid)
+		if !ok || a.segOf[sg.rid] != sg {
+			return corrupt("segment %#x has no region in the heap", sg.base)
+		}
+		if r.Base != sg.s.Base() || r.Size != sg.s.Size() || r.Base != sg.base || r.Size != sg.size || int(r.Pool) != p.idx {
+			return corrupt("region %#x+%d (pool %d) differs from its segment %#x+%d", r.Base, r.Size, r.Pool, sg.s.Base(), sg.s.Size())
 		}
 		want.Segment.Add(p.kind, 1)
 		want.ReservedBytes.Add(p.kind, int64(sg.s.MappedBytes()))
@@ -76,11 +87,9 @@ func (a *Allocator) check() error {
 		var runStart uint64      // offset where the current run of mapped blocks began
 		addr := r.Base
 		var unmappedBytes uint64
-		var prev *arena.Block
-		for b := r.Head; b != nil; b = b.Next {
-			if b.Region != r || b.Prev != prev {
-				return corrupt("block %#x: bad region or prev link", b.Addr)
-			}
+		var prev *arena.BlockInfo
+		for id := r.Head; id != arena.NoBlock; id = h.Next(id) {
+			b, _ := h.Block(id)
 			if b.Addr != addr || b.Size == 0 {
 				return corrupt("block %#x+%d: expected to start at %#x", b.Addr, b.Size, addr)
 			}
@@ -93,51 +102,40 @@ func (a *Allocator) check() error {
 				if !sg.expandable || off%gran != 0 || b.Size%gran != 0 {
 					return corrupt("unmapped block %#x+%d not granule-aligned in an expandable segment", b.Addr, b.Size)
 				}
-				if got, ok := p.unmapped.Get(b); !ok || got != b {
-					return corrupt("unmapped block %#x not in its pool's unmapped set", b.Addr)
-				}
-				if prev != nil && prev.State == arena.Unmapped {
-					return corrupt("unmapped blocks %#x and %#x not coalesced", prev.Addr, b.Addr)
-				}
 				if prev != nil {
 					mapped = append(mapped, segment.Run{Off: runStart, Len: off - runStart})
 				}
 				runStart = off + b.Size
 				unmappedBytes += b.Size
-				nUnmapped[p.idx]++
 			} else {
 				if prev != nil && prev.State != arena.Unmapped && prev.Stream != b.Stream {
 					if start, _, ok := sg.s.HandleRange(off); !ok || start != off {
 						return corrupt("a physical handle holds blocks of streams %d and %d (at %#x)", prev.Stream, b.Stream, b.Addr)
 					}
 				}
-				if a.stateOf(b.Stream) == nil {
+				if b.StreamID <= 0 || int(b.StreamID) >= len(a.states) || a.states[b.StreamID] == nil || a.states[b.StreamID].stream != b.Stream {
 					return corrupt("block %#x on unknown stream %d", b.Addr, b.Stream)
+				}
+				if a.stateOf(b.Stream) != a.states[b.StreamID] && a.states[b.StreamID] != a.idle {
+					if _, gone := a.vanished[b.Stream]; !gone {
+						return corrupt("block %#x: stream %d's owner is not the state in use", b.Addr, b.Stream)
+					}
 				}
 			}
 			n := int64(b.Size)
 			switch b.State {
 			case arena.Free:
-				ss := a.stateOf(b.Stream)
-				if !ss.free[p.idx].Contains(b) {
-					return corrupt("free block %#x not in stream %d's %s free list", b.Addr, b.Stream, p.kind)
-				}
-				if b.Events != 0 || len(b.Uses) != 0 || b.Requested != 0 {
+				if b.Events != 0 || len(a.uses[id]) != 0 || b.Requested != 0 {
 					return corrupt("free block %#x has events, uses or a requested size", b.Addr)
-				}
-				if prev != nil && prev.State == arena.Free && prev.Stream == b.Stream {
-					return corrupt("free blocks %#x and %#x of stream %d not coalesced", prev.Addr, b.Addr, b.Stream)
 				}
 				if a.inactiveSplit(b) {
 					want.InactiveSplit.Add(p.kind, 1)
 					want.InactiveSplitBytes.Add(p.kind, n)
 				}
-				nFree[p.idx]++
+			case arena.Releasing, arena.Mapping:
+				return corrupt("block %#x is %s with the lock held", b.Addr, b.State)
 			case arena.Allocated, arena.PendingFree:
-				if b.InList() {
-					return corrupt("%s block %#x is in a free list", b.State, b.Addr)
-				}
-				active[a.stateOf(b.Stream)]++
+				active[a.states[b.StreamID]]++
 				want.Active.Add(p.kind, 1)
 				want.ActiveBytes.Add(p.kind, n)
 				want.RequestedBytes.Add(p.kind, int64(b.Requested))
@@ -145,9 +143,6 @@ func (a *Allocator) check() error {
 					return corrupt("block %#x: requested %d of %d bytes", b.Addr, b.Requested, b.Size)
 				}
 				if b.State == arena.Allocated {
-					if a.live.Get(b.Addr) != b {
-						return corrupt("allocated block %#x missing from the live map", b.Addr)
-					}
 					nLive++
 					want.Allocation.Add(p.kind, 1)
 					want.AllocatedBytes.Add(p.kind, n)
@@ -158,10 +153,13 @@ func (a *Allocator) check() error {
 					if b.Events <= 0 {
 						return corrupt("pending-free block %#x has no events", b.Addr)
 					}
+					if len(a.uses[id]) != 0 {
+						return corrupt("pending-free block %#x still has recorded uses", b.Addr)
+					}
 					nEvents += int(b.Events)
 				}
 			}
-			prev = b
+			prev = &b
 		}
 		if addr != r.End() {
 			return corrupt("blocks of segment %#x end at %#x, not %#x", r.Base, addr, r.End())
@@ -189,17 +187,28 @@ func (a *Allocator) check() error {
 		}
 		want.ReservedBytes.Add(z.kind, int64(z.counted))
 	}
-	if nLive != a.live.Len() {
-		return corrupt("live map holds %d blocks, segments %d", a.live.Len(), nLive)
+	if nLive != h.Allocated() {
+		return corrupt("the heap's address table holds %d blocks, segments %d allocated", h.Allocated(), nLive)
 	}
-	for i := range a.pools {
-		if a.pools[i].unmapped.Len() != nUnmapped[i] {
-			return corrupt("%s unmapped set holds %d blocks, segments %d", a.pools[i].kind, a.pools[i].unmapped.Len(), nUnmapped[i])
+	for id := range a.uses {
+		if h.State(id) != arena.Allocated {
+			return corrupt("recorded uses of a %s block %d", h.State(id), id)
 		}
-		listed := 0
-		a.eachState(func(ss *streamState) { listed += ss.free[i].Len() })
-		if listed != nFree[i] {
-			return corrupt("%s free lists hold %d blocks, segments %d free", a.pools[i].kind, listed, nFree[i])
+	}
+	registered := 0
+	var regErr error
+	a.eachState(func(ss *streamState) {
+		registered++
+		if ss.sid <= 0 || int(ss.sid) >= len(a.states) || a.states[ss.sid] != ss || h.Stream(ss.sid) != ss.stream {
+			regErr = corrupt("stream %d is not registered with the heap as its own", ss.stream)
+		}
+	})
+	if regErr != nil {
+		return regErr
+	}
+	for sid, ss := range a.states {
+		if ss != nil && h.StreamBlocks(arena.StreamID(sid)) > 0 && ss.sid != arena.StreamID(sid) {
+			return corrupt("heap stream %d holds blocks but its state is gone", sid)
 		}
 	}
 	queued, nBusy := 0, 0
@@ -218,8 +227,8 @@ func (a *Allocator) check() error {
 			stateErr = corrupt("stream %d counts %d active blocks, segments %d", ss.stream, ss.active, active[ss])
 		}
 		for _, pe := range ss.queue {
-			if pe.b.State != arena.PendingFree {
-				stateErr = corrupt("event waits on %s block %#x", pe.b.State, pe.b.Addr)
+			if h.State(pe.b) != arena.PendingFree {
+				stateErr = corrupt("event waits on %s block %#x", h.State(pe.b), h.Addr(pe.b))
 			}
 		}
 	})
@@ -235,7 +244,7 @@ func (a *Allocator) check() error {
 		}
 	}
 	for _, ss := range a.spare {
-		if ss.active != 0 || ss.busyIdx >= 0 || ss.free[0].Len()+ss.free[1].Len() != 0 {
+		if ss.active != 0 || ss.busyIdx >= 0 || ss.sid != 0 {
 			return corrupt("a spare stream state is not empty")
 		}
 	}
@@ -243,8 +252,8 @@ func (a *Allocator) check() error {
 		return corrupt("the idle owner has stream %d and %d queued events", ds.stream, len(ds.queue))
 	}
 	for _, b := range a.stranded {
-		if b.State != arena.PendingFree {
-			return corrupt("stranded block %#x is %s", b.Addr, b.State)
+		if h.State(b) != arena.PendingFree {
+			return corrupt("stranded block %#x is %s", h.Addr(b), h.State(b))
 		}
 	}
 	if queued != nEvents-len(a.stranded) { // a stranded block counts one phantom event
@@ -252,8 +261,9 @@ func (a *Allocator) check() error {
 	}
 	pendingBlocks := 0
 	for _, sg := range a.segs {
-		for b := sg.r.Head; b != nil; b = b.Next {
-			if b.State == arena.PendingFree {
+		r, _ := h.Region(sg.rid)
+		for id := r.Head; id != arena.NoBlock; id = h.Next(id) {
+			if h.State(id) == arena.PendingFree {
 				pendingBlocks++
 			}
 		}
@@ -383,6 +393,7 @@ func (a *Allocator) checkDriver(in backend.Introspector) error {
 func (a *Allocator) Snapshot() stats.Snapshot {
 	a.mu.Lock()
 	defer a.mu.Unlock()
+	a.quiesceWaits()
 	return a.snapshotLocked()
 }
 
@@ -390,10 +401,12 @@ func (a *Allocator) snapshotLocked() stats.Snapshot {
 	var s stats.Snapshot
 	for _, sg := range a.segs {
 		si := stats.SegmentInfo{
-			Device: a.dev, Address: sg.r.Base, TotalSize: sg.r.Size, MappedSize: sg.s.MappedBytes(),
+			Device: a.dev, Address: sg.base, TotalSize: sg.size, MappedSize: sg.s.MappedBytes(),
 			Pool: sg.pool.kind, IsExpandable: sg.expandable, PageSize: sg.s.PageSize(),
 		}
-		for b := sg.r.Head; b != nil; b = b.Next {
+		r, _ := a.heap.Region(sg.rid)
+		for id := r.Head; id != arena.NoBlock; id = a.heap.Next(id) {
+			b, _ := a.heap.Block(id)
 			bi := stats.BlockInfo{Address: b.Addr, Size: b.Size, RequestedSize: b.Requested, Stream: uint64(b.Stream)}
 			switch b.State {
 			case arena.Allocated:

@@ -118,9 +118,45 @@
 // pprof profile of package allocator/devprof. When off, the cache-hit path
 // pays one nil check in Malloc and one in Free.
 //
-// # Concurrency
+// # Mechanism and policy
 //
-// One mutex guards all state of an Allocator; driver calls for growth and
-// release are made with it held, as PyTorch does. The cache-hit path makes
-// no driver call and no Go heap allocation.
+// The blocks live in an arena.Heap, which owns their storage (pointer-free
+// records, so the garbage collector scans nothing per block), splitting,
+// coalescing (free neighbours of one stream, unmapped neighbours), best
+// fit per stream and pool, the unmapped index, the address table of
+// allocated blocks, and the Unmapped ↔ Free transitions (BeginMap/CommitMap,
+// BeginRelease/CommitRelease) with their Releasing and Mapping states; it
+// has its own Check, which Check runs. The allocator decides when: pools
+// and rounding, streams and their events, growth and release policy, the
+// out-of-memory ladder, driver calls and statistics. It keeps, beside the
+// heap, its segments by arena.RegionID, its stream states by
+// arena.StreamID, and the streams recorded on allocated blocks
+// (RecordStream) by arena.BlockID. Classic inactive_split accounting is the
+// heap's split hook.
+//
+// # Concurrency and lock order
+//
+// One mutex (Allocator.mu) guards all state of an Allocator, the heap
+// included; the cache-hit path holds it for one best fit and split, or one
+// merge, and makes no driver call and no Go heap allocation. Lock order:
+// Allocator.mu, then the driver's own locks (the allocator calls the
+// driver with mu held or dropped, never the other way round); no other
+// lock is taken under mu.
+//
+// A release that must first wait for its stream's work drops mu for the
+// wait (waitUnlocked): releaseStreamPool with needSync marks the whole
+// handles it will unmap Releasing in the heap (best fit and coalescing
+// skip them, so no other goroutine can allocate memory whose old work is
+// still being waited for), drops mu, calls StreamSynchronize, retakes mu,
+// then unmaps and commits the marks, or aborts them if the wait failed.
+// It is reached from growth (defragBeforeGrow), releaseUntil (the
+// garbage-collection threshold), EmptyCache and rung 2 of the
+// out-of-memory ladder; so Malloc, EmptyCache and those paths may drop and
+// retake mu, and re-validate their stream state after (a stream released
+// meanwhile fails the Malloc with ErrInvalidStream). Close, Check,
+// Snapshot and MemorySnapshot wait until no such wait is in flight
+// (quiesceWaits), so they never see a Releasing block. Still made with mu
+// held: Synchronize's and ReleaseStream's stream synchronize, the ladder's
+// event synchronizes, and the map and unmap calls themselves (fast driver
+// calls, not waits on queued work).
 package allocator

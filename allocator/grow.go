@@ -2,6 +2,7 @@ package allocator
 
 import (
 	"errors"
+	"fmt"
 	"math/bits"
 	"sort"
 
@@ -24,9 +25,8 @@ func isOOM(err error) bool {
 // allocSlow runs when no free block fits: it grows the pool, and on
 // out-of-memory climbs the ladder: release cached handles → wait for
 // pending events and release every free handle and segment → retry → a
-// typed OutOfMemoryError. It returns a free block, in its free list or
-// out of any. mu held.
-func (a *Allocator) allocSlow(ss *streamState, p *pool, rounded, size uint64) (*arena.Block, error) {
+// typed OutOfMemoryError. It returns a free block of ss. mu held.
+func (a *Allocator) allocSlow(ss *streamState, p *pool, rounded, size uint64) (arena.BlockID, error) {
 	if thr := a.cfg.GarbageCollectionThreshold; thr > 0 && a.cfg.PerProcessMemoryFraction < 1 {
 		limit := uint64(thr * float64(a.allowed))
 		if uint64(a.st.ReservedBytes[0].Current) > limit {
@@ -50,7 +50,7 @@ func (a *Allocator) allocSlow(ss *streamState, p *pool, rounded, size uint64) (*
 	// others), then retry whatever the release reported.
 	a.st.NumAllocRetries++
 	rerr := a.releaseAll()
-	if b = a.bestFit(ss, p, rounded); b != nil {
+	if b, _, _ = a.bestFit(ss, p, rounded); b != arena.NoBlock {
 		return b, nil
 	}
 	if b, err = a.grow(ss, p, rounded); err == nil || !isOOM(err) {
@@ -79,7 +79,13 @@ func (a *Allocator) allocSlow(ss *streamState, p *pool, rounded, size uint64) (*
 	if rerr != nil && !isOOM(rerr) {
 		oom.Cause = errors.Join(oom.Cause, rerr) // what the release could not do
 	}
-	return nil, oom
+	return arena.NoBlock, oom
+}
+
+// owns reports whether ss is still registered with the heap as its
+// stream's owner (a state retired while mu was dropped is not). mu held.
+func (a *Allocator) owns(ss *streamState) bool {
+	return ss.sid > 0 && int(ss.sid) < len(a.states) && a.states[ss.sid] == ss
 }
 
 // growSize is how many bytes growth for rounded maps.
@@ -108,19 +114,22 @@ func (a *Allocator) overCap(n uint64) bool {
 	return uint64(a.st.ReservedBytes[0].Current)+n > a.allowed
 }
 
-// grow maps new memory for a request and returns a free block of at least
-// rounded bytes for ss, out of any list. mu held.
-func (a *Allocator) grow(ss *streamState, p *pool, rounded uint64) (*arena.Block, error) {
+// grow maps new memory for a request and returns a free block of ss of at
+// least rounded bytes. mu held.
+func (a *Allocator) grow(ss *streamState, p *pool, rounded uint64) (arena.BlockID, error) {
+	if !a.owns(ss) {
+		return arena.NoBlock, fmt.Errorf("%w: stream %d was released while a Malloc on it waited", ErrInvalidStream, ss.stream)
+	}
 	if !a.cfg.ExpandableSegments {
 		return a.growClassic(ss, p, rounded)
 	}
 	return a.growExpandable(ss, p, rounded)
 }
 
-func (a *Allocator) growClassic(ss *streamState, p *pool, rounded uint64) (*arena.Block, error) {
+func (a *Allocator) growClassic(ss *streamState, p *pool, rounded uint64) (arena.BlockID, error) {
 	size := a.classicSegmentSize(rounded)
 	if a.overCap(size) {
-		return nil, backend.Errorf(backend.OpCreate, backend.ErrOutOfMemory, "", "per_process_memory_fraction cap %d bytes reached", a.allowed)
+		return arena.NoBlock, backend.Errorf(backend.OpCreate, backend.ErrOutOfMemory, "", "per_process_memory_fraction cap %d bytes reached", a.allowed)
 	}
 	s, err := segment.NewClassicConfig(a.drv, size, segment.Config{
 		Device: a.dev, Prop: backend.DeviceProp(a.dev), Counters: &a.counters,
@@ -129,19 +138,20 @@ func (a *Allocator) growClassic(ss *streamState, p *pool, rounded uint64) (*aren
 		if s != nil { // rollback incomplete: keep it to destroy later
 			a.addZombie(s, p.kind)
 		}
-		return nil, err
+		return arena.NoBlock, err
 	}
 	sg := &seg{s: s, pool: p}
-	sg.r = arena.NewRegion(&a.bpool, s.Base(), s.Size(), arena.Free, ss.stream, sg)
-	sg.r.Pool = uint8(p.idx)
-	a.addSeg(sg)
+	head, err := a.addSeg(sg, arena.Free, ss.sid)
+	if err != nil {
+		return arena.NoBlock, errors.Join(err, s.Destroy())
+	}
 	a.st.Segment.Add(p.kind, 1)
 	a.st.ReservedBytes.Add(p.kind, int64(s.MappedBytes()))
 	a.histReserve(true, s.Base(), int64(s.MappedBytes()), ss.stream)
 	if a.cfg.MaxSplitSize != 0 && s.Size() >= a.cfg.MaxSplitSize {
 		a.st.OversizeSegments.Add(1)
 	}
-	return sg.r.Head, nil
+	return head, nil
 }
 
 // growExpandable finds the lowest-addressed unmapped run that, together
@@ -149,46 +159,50 @@ func (a *Allocator) growClassic(ss *streamState, p *pool, rounded uint64) (*aren
 // is mapped), fits rounded bytes, maps the granules needed, and returns the
 // merged free block. With no such run it reserves a new segment if the VA
 // budget allows. mu held.
-func (a *Allocator) growExpandable(ss *streamState, p *pool, rounded uint64) (*arena.Block, error) {
+func (a *Allocator) growExpandable(ss *streamState, p *pool, rounded uint64) (arena.BlockID, error) {
 	if a.cfg.DefragThreshold >= 0 {
-		if b := a.adoptFromStreams(ss, p, rounded); b != nil {
+		if b := a.adoptFromStreams(ss, p, rounded); b != arena.NoBlock {
 			return b, nil // another stream's idle handles, mapped where they are
 		}
 		defer a.holdForGrowth(p, rounded)() // handles unmapped now are remapped below
 		a.reclaimBeforeGrow(ss, p, rounded) // other streams first: no wait
-		a.defragBeforeGrow(ss, p, rounded)
+		a.defragBeforeGrow(ss, p, rounded)  // drops mu while it waits for ss
+		if !a.owns(ss) {
+			return arena.NoBlock, fmt.Errorf("%w: stream %d was released while a Malloc on it waited", ErrInvalidStream, ss.stream)
+		}
 	}
-	fl := ss.free[p.idx]
-	mergeable := func(b *arena.Block) bool {
-		return b != nil && b.State == arena.Free && b.Stream == ss.stream && fl.Contains(b)
+	h := a.heap
+	freeSize := func(b arena.BlockID) uint64 {
+		if b != arena.NoBlock && h.Coalescable(b, ss.sid) {
+			return h.Size(b)
+		}
+		return 0
 	}
 	var (
-		u      *arena.Block
+		u      arena.BlockID
 		mapLen uint64
 	)
-	p.unmapped.Ascend(func(c *arena.Block) bool {
-		var pre uint64
-		if mergeable(c.Prev) {
-			pre = c.Prev.Size
-		}
+	h.AscendUnmapped(uint8(p.idx), func(c arena.BlockID) bool {
+		pre := freeSize(h.Prev(c))
+		size := h.Size(c)
 		need := roundUp(rounded-min(pre, rounded-1), a.gran)
-		if need <= c.Size {
+		if need <= size {
 			u, mapLen = c, need
 			return false
 		}
-		if mergeable(c.Next) && pre+c.Size+c.Next.Size >= rounded {
-			u, mapLen = c, c.Size
+		if post := freeSize(h.Next(c)); post > 0 && pre+size+post >= rounded {
+			u, mapLen = c, size
 			return false
 		}
 		return true
 	})
-	if u == nil {
+	if u == arena.NoBlock {
 		if p.nexp >= a.cfg.MaxSegmentsPerPool {
-			return nil, errNoVA
+			return arena.NoBlock, errNoVA
 		}
 		mapLen = roundUp(rounded, a.gran)
 		if a.overCap(mapLen) {
-			return nil, backend.Errorf(backend.OpMap, backend.ErrOutOfMemory, "", "per_process_memory_fraction cap %d bytes reached", a.allowed)
+			return arena.NoBlock, backend.Errorf(backend.OpMap, backend.ErrOutOfMemory, "", "per_process_memory_fraction cap %d bytes reached", a.allowed)
 		}
 		s, err := segment.New(a.drv, segment.Config{
 			Device: a.dev, Prop: backend.DeviceProp(a.dev), PageSize: p.pageSize, Cut: segment.CutFromStart,
@@ -196,48 +210,40 @@ func (a *Allocator) growExpandable(ss *streamState, p *pool, rounded uint64) (*a
 		})
 		if err != nil {
 			if errors.Is(err, backend.ErrOutOfMemory) {
-				return nil, errNoVA
+				return arena.NoBlock, errNoVA
 			}
-			return nil, err
+			return arena.NoBlock, err
 		}
 		sg := &seg{s: s, pool: p, expandable: true}
-		sg.r = arena.NewRegion(&a.bpool, s.Base(), s.Size(), arena.Unmapped, 0, sg)
-		sg.r.Pool = uint8(p.idx)
-		a.addSeg(sg)
+		if u, err = a.addSeg(sg, arena.Unmapped, 0); err != nil {
+			return arena.NoBlock, errors.Join(err, s.Release())
+		}
 		p.nexp++
-		p.unmapped.ReplaceOrInsert(sg.r.Head)
 		a.st.Segment.Add(p.kind, 1)
-		u = sg.r.Head
 	}
 	if a.overCap(mapLen) {
-		return nil, backend.Errorf(backend.OpMap, backend.ErrOutOfMemory, "", "per_process_memory_fraction cap %d bytes reached", a.allowed)
+		return arena.NoBlock, backend.Errorf(backend.OpMap, backend.ErrOutOfMemory, "", "per_process_memory_fraction cap %d bytes reached", a.allowed)
 	}
-	sg := u.Region.Owner.(*seg)
-	if err := sg.s.Map(uint64(u.Addr-sg.r.Base), mapLen); err != nil {
-		a.adoptStrayMappings(ss, p, sg, u)
+	sg := a.segOfBlock(u)
+	addr := h.Addr(u)
+	m, err := h.BeginMap(u, 0, mapLen)
+	if err != nil {
+		return arena.NoBlock, fmt.Errorf("%w: %w", ErrCorrupt, err)
+	}
+	if err := sg.s.Map(uint64(addr-sg.base), mapLen); err != nil {
+		if _, aerr := h.AbortMap(m); aerr != nil {
+			return arena.NoBlock, errors.Join(err, fmt.Errorf("%w: %w", ErrCorrupt, aerr))
+		}
+		a.adoptStrayMappings(ss, p, sg, addr, mapLen)
 		a.maybeDropEmpty(sg)
-		return nil, err
+		return arena.NoBlock, err
 	}
-	p.unmapped.Delete(u)
-	if mapLen < u.Size {
-		rest := arena.Split(&a.bpool, u, mapLen)
-		p.unmapped.ReplaceOrInsert(rest)
+	b, err := h.CommitMap(m, ss.sid)
+	if err != nil {
+		return arena.NoBlock, fmt.Errorf("%w: %w", ErrCorrupt, err)
 	}
-	u.State = arena.Free
-	u.Stream = ss.stream
 	a.st.ReservedBytes.Add(p.kind, int64(mapLen))
-	a.histReserve(false, u.Addr, int64(mapLen), ss.stream)
-	b := u
-	if mergeable(b.Prev) {
-		prev := b.Prev
-		fl.Remove(prev)
-		arena.Merge(&a.bpool, prev)
-		b = prev
-	}
-	if mergeable(b.Next) {
-		fl.Remove(b.Next)
-		arena.Merge(&a.bpool, b)
-	}
+	a.histReserve(false, addr, int64(mapLen), ss.stream)
 	return b, nil
 }
 
@@ -264,88 +270,90 @@ func (a *Allocator) defragBeforeGrow(ss *streamState, p *pool, rounded uint64) {
 	_ = a.releaseStreamPool(ss, p.idx, target, true)
 }
 
-// adoptStrayMappings reconciles unmapped block u with its segment after a
-// failed Map whose rollback failed too: handles the segment still has mapped
-// inside u are unmapped again, and any that stay mapped become free blocks
-// of ss, so the allocator's view stays true and the memory stays usable.
-// mu held.
-func (a *Allocator) adoptStrayMappings(ss *streamState, p *pool, sg *seg, u *arena.Block) {
-	base := sg.r.Base
-	lo0, hi0 := uint64(u.Addr-base), uint64(u.End()-base)
-	var stray []segment.Run
+// adoptStrayMappings reconciles the range [addr, addr+n) of segment sg,
+// unmapped in the heap, with the segment after a failed Map whose rollback
+// failed too: handles the segment still has mapped inside it are unmapped
+// again, and any that stay mapped become free blocks of ss, so the
+// allocator's view stays true and the memory stays usable. mu held.
+func (a *Allocator) adoptStrayMappings(ss *streamState, p *pool, sg *seg, addr uintptr, n uint64) {
+	lo0 := uint64(addr - sg.base)
+	hi0 := lo0 + n
 	for _, r := range sg.s.MappedRuns() {
-		if lo, hi := max(r.Off, lo0), min(r.Off+r.Len, hi0); lo < hi {
-			stray = append(stray, segment.Run{Off: lo, Len: hi - lo})
-		}
-	}
-	for i := len(stray) - 1; i >= 0; i-- { // from the top, so u stays the lowest piece
-		r := stray[i]
-		done, _ := sg.s.Unmap(r.Off, r.Len)
-		r.Off, r.Len = r.Off+done, r.Len-done
-		if r.Len == 0 {
+		lo, hi := max(r.Off, lo0), min(r.Off+r.Len, hi0)
+		if lo >= hi {
 			continue
 		}
-		piece := u
-		if r.Off > lo0 {
-			piece = arena.Split(&a.bpool, u, r.Off-lo0)
-		} else {
-			p.unmapped.Delete(u)
+		done, _ := sg.s.Unmap(lo, hi-lo)
+		if lo += done; lo >= hi {
+			continue
 		}
-		if piece.Size > r.Len {
-			p.unmapped.ReplaceOrInsert(arena.Split(&a.bpool, piece, r.Len))
+		at := sg.base + uintptr(lo)
+		u := a.heap.Find(at)
+		info, _ := a.heap.Block(u)
+		m, err := a.heap.BeginMap(u, uint64(at-info.Addr), hi-lo)
+		if err != nil {
+			continue // Check reports the disagreement
 		}
-		piece.State, piece.Stream = arena.Free, ss.stream
-		a.st.ReservedBytes.Add(p.kind, int64(r.Len))
-		a.histReserve(false, piece.Addr, int64(r.Len), ss.stream)
-		a.coalesceInsert(p, ss.free[p.idx], piece)
-		if r.Off == lo0 {
-			return
+		if _, err := a.heap.CommitMap(m, ss.sid); err != nil {
+			continue
 		}
+		a.st.ReservedBytes.Add(p.kind, int64(hi-lo))
+		a.histReserve(false, at, int64(hi-lo), ss.stream)
 	}
 }
 
-// addSeg inserts sg into the address-ordered segment list. mu held.
-func (a *Allocator) addSeg(sg *seg) {
-	i := sort.Search(len(a.segs), func(i int) bool { return a.segs[i].r.Base > sg.r.Base })
+// addSeg adds sg to the heap, tiled by one block in state st (Free on sid,
+// or Unmapped), and to the address-ordered segment list, and returns the
+// block. mu held.
+func (a *Allocator) addSeg(sg *seg, st arena.State, sid arena.StreamID) (arena.BlockID, error) {
+	sg.base, sg.size = sg.s.Base(), sg.s.Size()
+	rid, head, err := a.heap.AddRegion(sg.base, sg.size, uint8(sg.pool.idx), st, sid)
+	if err != nil {
+		return arena.NoBlock, fmt.Errorf("%w: %w", ErrCorrupt, err)
+	}
+	sg.rid = rid
+	for int(rid) >= len(a.segOf) {
+		a.segOf = append(a.segOf, nil)
+	}
+	a.segOf[rid] = sg
+	i := sort.Search(len(a.segs), func(i int) bool { return a.segs[i].base > sg.base })
 	a.segs = append(a.segs, nil)
 	copy(a.segs[i+1:], a.segs[i:])
 	a.segs[i] = sg
+	return head, nil
 }
 
 // dropSeg forgets a destroyed or released segment and its blocks,
 // adjusting statistics; mapped is the bytes it had mapped. mu held.
 func (a *Allocator) dropSeg(sg *seg, mapped uint64) {
 	p := sg.pool
-	a.histReserve(!sg.expandable, sg.r.Base, -int64(mapped), sg.r.Head.Stream)
-	for b := sg.r.Head; b != nil; {
-		next := b.Next
-		switch b.State {
-		case arena.Free:
-			a.countInactive(p, b, -1)
-			a.stateOf(b.Stream).free[p.idx].Remove(b)
-		case arena.Unmapped:
-			p.unmapped.Delete(b)
-		case arena.Allocated, arena.PendingFree:
-			a.live.Delete(b.Addr)
-			a.stateOf(b.Stream).active--
-			n := int64(b.Size)
-			if b.State == arena.Allocated {
-				a.st.Allocation.Add(p.kind, -1)
-				a.st.AllocatedBytes.Add(p.kind, -n)
-			}
-			a.st.Active.Add(p.kind, -1)
-			a.st.ActiveBytes.Add(p.kind, -n)
-			a.st.RequestedBytes.Add(p.kind, -int64(b.Requested))
+	h := a.heap
+	info, _ := h.Region(sg.rid)
+	a.histReserve(!sg.expandable, sg.base, -int64(mapped), h.Stream(h.StreamOf(info.Head)))
+	for id := info.Head; id != arena.NoBlock; id = h.Next(id) {
+		b, _ := h.Block(id)
+		if b.State != arena.Allocated && b.State != arena.PendingFree {
+			continue
 		}
-		a.bpool.Put(b)
-		b = next
+		delete(a.uses, id)
+		a.states[b.StreamID].active--
+		n := int64(b.Size)
+		if b.State == arena.Allocated {
+			a.st.Allocation.Add(p.kind, -1)
+			a.st.AllocatedBytes.Add(p.kind, -n)
+		}
+		a.st.Active.Add(p.kind, -1)
+		a.st.ActiveBytes.Add(p.kind, -n)
+		a.st.RequestedBytes.Add(p.kind, -int64(b.Requested))
 	}
+	_ = h.RemoveRegion(sg.rid) // no block is in transition: the lock is held throughout
+	a.segOf[sg.rid] = nil
 	if sg.expandable {
 		p.nexp--
 	}
 	a.st.ReservedBytes.Add(p.kind, -int64(mapped))
 	a.st.Segment.Add(p.kind, -1)
-	if !sg.expandable && a.cfg.MaxSplitSize != 0 && sg.r.Size >= a.cfg.MaxSplitSize {
+	if !sg.expandable && a.cfg.MaxSplitSize != 0 && sg.size >= a.cfg.MaxSplitSize {
 		a.st.OversizeSegments.Add(-1)
 	}
 	for i, s := range a.segs {
@@ -354,7 +362,6 @@ func (a *Allocator) dropSeg(sg *seg, mapped uint64) {
 			break
 		}
 	}
-	sg.r.Head = nil
 }
 
 // zombie is a segment the allocator no longer uses that still holds
@@ -407,7 +414,10 @@ func (a *Allocator) destroyZombies() error {
 
 // maybeDropEmpty releases an expandable segment with nothing mapped. mu held.
 func (a *Allocator) maybeDropEmpty(sg *seg) {
-	if a.keepEmpty || !sg.expandable || sg.r.Head.State != arena.Unmapped || sg.r.Head.Next != nil {
+	if a.keepEmpty || !sg.expandable {
+		return
+	}
+	if info, ok := a.heap.Region(sg.rid); !ok || a.heap.State(info.Head) != arena.Unmapped || a.heap.Next(info.Head) != arena.NoBlock {
 		return
 	}
 	if err := sg.s.Release(); err != nil {

@@ -105,8 +105,9 @@ func (a *Allocator) RecordHistory(o HistoryOptions) error {
 		h.liveStack = make(map[uintptr]uint32)
 	}
 	for _, sg := range a.segs {
-		for b := sg.r.Head; b != nil; b = b.Next {
-			if b.State == arena.Allocated {
+		info, _ := a.heap.Region(sg.rid)
+		for id := info.Head; id != arena.NoBlock; id = a.heap.Next(id) {
+			if b, _ := a.heap.Block(id); b.State == arena.Allocated {
 				c := h.count(profKey{stream: b.Stream, pool: sg.pool.kind})
 				c.allocs++
 				c.allocBytes += int64(b.Size)
@@ -240,16 +241,17 @@ func (h *history) record(action stats.TraceAction, addr uintptr, size uint64, s 
 // directly from Malloc. mu held.
 //
 //go:noinline
-func (a *Allocator) histAlloc(b *arena.Block, size uint64) {
+func (a *Allocator) histAlloc(id arena.BlockID, size uint64) {
+	b, _ := a.heap.Block(id)
 	h := a.hist
-	id := h.callerStack()
-	if h.liveStack != nil && id != 0 {
-		h.liveStack[b.Addr] = id
+	stack := h.callerStack()
+	if h.liveStack != nil && stack != 0 {
+		h.liveStack[b.Addr] = stack
 	}
-	c := h.count(profKey{stack: id, stream: b.Stream, pool: a.pools[poolIdx(b)].kind})
+	c := h.count(profKey{stack: stack, stream: b.Stream, pool: a.pools[a.heap.PoolOf(id)].kind})
 	c.allocs++
 	c.allocBytes += int64(b.Size)
-	h.record(stats.TraceAlloc, b.Addr, size, b.Stream, id)
+	h.record(stats.TraceAlloc, b.Addr, size, b.Stream, stack)
 }
 
 // histFreeRequested records that Free was called on allocated block b,
@@ -258,14 +260,15 @@ func (a *Allocator) histAlloc(b *arena.Block, size uint64) {
 // after events were inserted. mu held.
 //
 //go:noinline
-func (a *Allocator) histFreeRequested(b *arena.Block) {
+func (a *Allocator) histFreeRequested(id arena.BlockID) {
+	b, _ := a.heap.Block(id)
 	h := a.hist
 	var allocID uint32
 	if h.liveStack != nil {
 		allocID = h.liveStack[b.Addr]
 		delete(h.liveStack, b.Addr)
 	}
-	c := h.count(profKey{stack: allocID, stream: b.Stream, pool: a.pools[poolIdx(b)].kind})
+	c := h.count(profKey{stack: allocID, stream: b.Stream, pool: a.pools[a.heap.PoolOf(id)].kind})
 	c.frees++
 	c.freeBytes += int64(b.Size)
 	h.record(stats.TraceFreeRequested, b.Addr, b.Requested, b.Stream, h.callerStack())
@@ -276,7 +279,8 @@ func (a *Allocator) histFreeRequested(b *arena.Block) {
 
 // histFreeCompleted records that b, whose free waited on stream events, is
 // back in its pool (before freeBlock clears its requested size). mu held.
-func (a *Allocator) histFreeCompleted(b *arena.Block) {
+func (a *Allocator) histFreeCompleted(id arena.BlockID) {
+	b, _ := a.heap.Block(id)
 	a.hist.record(stats.TraceFreeCompleted, b.Addr, b.Requested, b.Stream, 0)
 }
 
@@ -339,7 +343,7 @@ func (a *Allocator) histEmptyCache() {
 }
 
 // blockStack is the stack id recorded for allocated block b, or 0. mu held.
-func (a *Allocator) blockStack(b *arena.Block) uint32 {
+func (a *Allocator) blockStack(b arena.BlockInfo) uint32 {
 	if a.hist == nil || a.hist.liveStack == nil {
 		return 0
 	}

@@ -18,6 +18,7 @@ import (
 // allocator's snapshot and call memviz.Write.
 func (a *Allocator) MemorySnapshot() memviz.Snapshot {
 	a.mu.Lock()
+	a.quiesceWaits()
 	st := a.snapshotLocked()
 	var h HistoryRecord
 	if a.hist != nil {

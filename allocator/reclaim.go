@@ -61,16 +61,17 @@ const (
 // Free blocks of different streams never coalesce, so memory that changed hands
 // often lies in such runs. It returns the handles as one free block of ss,
 // merged with ss's free neighbours, out of any list; or nil. mu held.
-func (a *Allocator) adoptFromStreams(ss *streamState, p *pool, rounded uint64) *arena.Block {
+func (a *Allocator) adoptFromStreams(ss *streamState, p *pool, rounded uint64) arena.BlockID {
 	if len(a.streams) < 2 {
-		return nil
+		return arena.NoBlock
 	}
+	pi := uint8(p.idx)
 	var avail uint64
 	for _, t := range a.streams {
-		avail += t.free[p.idx].Bytes()
+		avail += a.heap.FreeBytes(t.sid, pi)
 	}
 	if avail < rounded {
-		return nil
+		return arena.NoBlock
 	}
 	// Whole handles may hold up to a page more than the request; the rest
 	// stays free inside a handle the request uses, where no other stream
@@ -78,15 +79,15 @@ func (a *Allocator) adoptFromStreams(ss *streamState, p *pool, rounded uint64) *
 	// size instead. Near the memory limit, adopt only what fits as well.
 	exact := uint64(a.st.ReservedBytes[0].Current) > a.allowed/adoptExactDen*adoptExactNum
 	var busy []*streamState // streams found busy by this call
-	usable := func(b *arena.Block) bool {
+	usable := func(b arena.BlockInfo) bool {
 		if b.State != arena.Free {
 			return false
 		}
-		if b.Stream == ss.stream {
+		if b.StreamID == ss.sid {
 			return true
 		}
-		t := a.streams[b.Stream]
-		if t == nil || slices.Contains(busy, t) {
+		t := a.states[b.StreamID]
+		if t == nil || a.streams[t.stream] != t || slices.Contains(busy, t) {
 			return false
 		}
 		if a.streamIdle(t) {
@@ -99,78 +100,61 @@ func (a *Allocator) adoptFromStreams(ss *streamState, p *pool, rounded uint64) *
 		if sg.pool != p || !sg.expandable {
 			continue
 		}
-		var start *arena.Block
+		info, _ := a.heap.Region(sg.rid)
+		start := arena.NoBlock
 		var runLen uint64
-		for b := sg.r.Head; b != nil; b = b.Next {
+		for id := info.Head; id != arena.NoBlock; id = a.heap.Next(id) {
+			b, _ := a.heap.Block(id)
 			if !usable(b) {
-				start = nil
+				start = arena.NoBlock
 				continue
 			}
-			if start == nil {
-				start, runLen = b, 0
+			if start == arena.NoBlock {
+				start, runLen = id, 0
 			}
 			runLen += b.Size
 			if runLen < rounded {
 				continue
 			}
-			lo, hi := sg.s.WholeHandles(uint64(start.Addr-sg.r.Base), runLen, rounded)
+			lo, hi := sg.s.WholeHandles(uint64(a.heap.Addr(start)-sg.base), runLen, rounded)
 			if hi-lo >= rounded && (!exact || hi-lo-rounded < a.gran) {
-				return a.adoptRange(ss, p, sg, start, lo, hi)
+				return a.adoptRange(ss, sg, start, lo, hi)
 			}
 		}
 	}
-	return nil
+	return arena.NoBlock
 }
 
 // adoptRange gives the segment offsets [lo, hi), whole handles inside the
-// run of free blocks beginning at start, to ss: the blocks (or their parts)
-// inside it leave their streams' free lists and become one free block of
-// ss, merged with ss's free neighbours and returned out of any list. Parts
-// outside it stay with their streams: lo and hi are handle boundaries, so
-// every handle still holds blocks of one stream. mu held.
-func (a *Allocator) adoptRange(ss *streamState, p *pool, sg *seg, start *arena.Block, lo, hi uint64) *arena.Block {
-	base := sg.r.Base
-	var first *arena.Block
-	for b := start; b != nil && uint64(b.Addr-base) < hi; {
-		next := b.Next
-		off := uint64(b.Addr - base)
+// run of free blocks beginning at start, to ss: the heap takes the blocks
+// (or their parts) inside it out of their streams' free indexes and makes
+// them one free block of ss, merged with ss's free neighbours, which it
+// returns. Parts outside it stay with their streams: lo and hi are handle
+// boundaries, so every handle still holds blocks of one stream. mu held.
+func (a *Allocator) adoptRange(ss *streamState, sg *seg, start arena.BlockID, lo, hi uint64) arena.BlockID {
+	from, fromOff := arena.NoBlock, uint64(0)
+	for id := start; id != arena.NoBlock; id = a.heap.Next(id) {
+		b, _ := a.heap.Block(id)
+		off := uint64(b.Addr - sg.base)
+		if off >= hi {
+			break
+		}
 		if off+b.Size <= lo {
-			b = next
 			continue
 		}
-		fl := a.streams[b.Stream].free[p.idx]
-		fl.Remove(b)
-		piece := b
-		if off < lo {
-			piece = arena.Split(&a.bpool, b, lo-off)
-			fl.Insert(b)
-			off = lo
+		if from == arena.NoBlock {
+			from, fromOff = id, lo-off
 		}
-		if off+piece.Size > hi {
-			fl.Insert(arena.Split(&a.bpool, piece, hi-off))
+		if b.StreamID != ss.sid && a.hist != nil {
+			plo, phi := max(off, lo), min(off+b.Size, hi)
+			a.histHandOver(sg.base+uintptr(plo), phi-plo, b.Stream, ss.stream)
 		}
-		if piece.Stream != ss.stream {
-			a.histHandOver(piece.Addr, piece.Size, piece.Stream, ss.stream)
-		}
-		piece.Stream = ss.stream
-		if first == nil {
-			first = piece
-		} else {
-			arena.Merge(&a.bpool, first) // first ends where piece begins
-		}
-		b = first.Next
 	}
-	fl := ss.free[p.idx]
-	if prev := first.Prev; prev != nil && prev.State == arena.Free && prev.Stream == ss.stream && fl.Contains(prev) {
-		fl.Remove(prev)
-		arena.Merge(&a.bpool, prev)
-		first = prev
+	got, err := a.heap.AdoptRange(from, fromOff, hi-lo, ss.sid)
+	if err != nil {
+		return arena.NoBlock // Check reports the disagreement; growth maps instead
 	}
-	if next := first.Next; next != nil && next.State == arena.Free && next.Stream == ss.stream && fl.Contains(next) {
-		fl.Remove(next)
-		arena.Merge(&a.bpool, first)
-	}
-	return first
+	return got
 }
 
 // reclaimBeforeGrow unmaps other streams' free handles in pool p, for a
@@ -212,12 +196,12 @@ func (a *Allocator) defragExcess(p *pool, rounded uint64) uint64 {
 func (a *Allocator) reclaimCandidates(ss *streamState, p *pool) []*streamState {
 	var cands []*streamState
 	for _, t := range a.streams {
-		if t != ss && t.free[p.idx].Bytes() >= a.gran {
+		if t != ss && a.heap.FreeBytes(t.sid, uint8(p.idx)) >= a.gran {
 			cands = append(cands, t)
 		}
 	}
 	slices.SortFunc(cands, func(x, y *streamState) int {
-		bx, by := x.free[p.idx].Bytes(), y.free[p.idx].Bytes()
+		bx, by := a.heap.FreeBytes(x.sid, uint8(p.idx)), a.heap.FreeBytes(y.sid, uint8(p.idx))
 		switch {
 		case bx != by:
 			if bx > by {

@@ -8,7 +8,8 @@ import (
 	"github.com/vmmalloc/vmmalloc/backend"
 )
 
-// insertEvents records an event on every stream in b.Uses, so b is reused
+// insertEvents records an event on every stream in uses (the streams
+// recorded on allocated block b), so b is reused
 // only once they complete. If recording fails on a stream, it falls back to
 // synchronising that stream; if that fails too, every event taken is given
 // back and the error returned with nothing changed. A stream the driver no
@@ -16,11 +17,11 @@ import (
 // vanished one (destroyed without ReleaseStream) is waited for with a
 // device synchronize, or, where the driver cannot do one, b stays pending
 // (stranded) until Close. mu held.
-func (a *Allocator) insertEvents(b *arena.Block) error {
+func (a *Allocator) insertEvents(b arena.BlockID, uses []backend.Stream) error {
 	start := len(a.scratchEvents)
 	var err error
 	strand := false
-	for _, u := range b.Uses {
+	for _, u := range uses {
 		ev, e := a.getEvent()
 		if e == nil {
 			if e = a.drv.EventRecord(ev, u); e == nil {
@@ -58,15 +59,19 @@ func (a *Allocator) insertEvents(b *arena.Block) error {
 		for i, pe := range recorded {
 			ss := a.stateOf(streams[i])
 			if ss == nil { // released, but the caller kept it alive: learn it again
-				ss = a.newState(streams[i])
+				var nerr error
+				if ss, nerr = a.newState(streams[i]); nerr != nil {
+					a.events = append(a.events, pe.ev) // the event is not waited for: the block is freed without it
+					continue
+				}
 				a.streams[streams[i]] = ss
 			}
 			ss.queue = append(ss.queue, pe)
 			a.markBusy(ss)
-			b.Events++
+			_, _ = a.heap.AddEvents(b, 1)
 		}
 		if strand && a.quiesce() != nil {
-			b.Events++ // a phantom event only quiesce retires
+			_, _ = a.heap.AddEvents(b, 1) // a phantom event only quiesce retires
 			a.stranded = append(a.stranded, b)
 		}
 	}
@@ -95,13 +100,12 @@ func (a *Allocator) eventDone(ss *streamState) {
 		a.unbusy(ss)
 	}
 	a.events = append(a.events, pe.ev)
-	pe.b.Events--
-	if pe.b.Events == 0 {
+	if n, err := a.heap.AddEvents(pe.b, -1); err == nil && n == 0 {
 		a.pending--
 		if a.hist != nil {
 			a.histFreeCompleted(pe.b)
 		}
-		a.freeBlock(pe.b)
+		_ = a.freeBlock(pe.b)
 	}
 }
 
@@ -139,11 +143,18 @@ func (a *Allocator) synchronizeAndFreeEvents() error {
 	var errs []error
 	for _, ss := range a.sortedBusy() {
 		for len(ss.queue) > 0 {
-			if err := a.drv.EventSynchronize(ss.queue[0].ev); err != nil {
+			// The wait runs without mu: the block waiting on the event is
+			// PendingFree, which nothing else may take; if another
+			// goroutine retired the event meanwhile, it is not retired
+			// twice.
+			pe := ss.queue[0]
+			if err := a.waitUnlocked(func() error { return a.drv.EventSynchronize(pe.ev) }); err != nil {
 				errs = append(errs, err)
 				break
 			}
-			a.eventDone(ss)
+			if len(ss.queue) > 0 && ss.queue[0] == pe {
+				a.eventDone(ss)
+			}
 		}
 	}
 	return errors.Join(errs...)
@@ -210,14 +221,16 @@ func (a *Allocator) releaseStream(ss *streamState, target uint64, needSync bool)
 }
 
 // releaseStreamPool is releaseStream limited to pool index onlyPool (-1:
-// every pool). mu held.
+// every pool). mu held; when needSync it drops mu while it waits for the
+// stream (see waitUnlocked), after marking what it will release. mu held
+// again when it returns.
 func (a *Allocator) releaseStreamPool(ss *streamState, onlyPool int, target uint64, needSync bool) error {
 	blocks := a.scratch[:0]
-	for i := range ss.free {
+	for i := range a.pools {
 		if onlyPool >= 0 && i != onlyPool {
 			continue
 		}
-		ss.free[i].Each(func(b *arena.Block) bool {
+		a.heap.EachFree(ss.sid, uint8(i), func(b arena.BlockID) bool {
 			if a.releasable(b) {
 				blocks = append(blocks, b)
 			}
@@ -228,90 +241,167 @@ func (a *Allocator) releaseStreamPool(ss *streamState, onlyPool int, target uint
 	if len(blocks) == 0 {
 		return nil
 	}
-	if needSync {
-		a.counters.StreamSyncs++
-		if err := a.drv.StreamSynchronize(ss.stream); err != nil {
-			if a.streams[ss.stream] != ss || !a.streamGone(ss.stream) {
-				return err
+	if !needSync {
+		var errs []error
+		for i := len(blocks) - 1; i >= 0; i-- { // EachFree yields ascending sizes
+			reserved := uint64(a.st.ReservedBytes[0].Current)
+			if reserved <= target {
+				break
 			}
-			// Destroyed behind our back: its memory is released once a
-			// device synchronize shows its work complete (releaseUntil
-			// and releaseAll do one for all such streams; stranded and
-			// counted until then).
-			a.vanish(ss)
-			return nil
+			if err := a.releaseBlock(ss, blocks[i], reserved-target); err != nil {
+				errs = append(errs, err)
+			}
 		}
+		return errors.Join(errs...)
+	}
+	// Mark the ranges to release (largest blocks first, as many whole
+	// handles as the target asks for), so that nothing allocates them
+	// while the stream is waited for without the lock: work queued on ss
+	// after the wait began may use only memory freed to ss later.
+	// rels outlives the lock drop, so it is not a.scratch, which another
+	// goroutine may use meanwhile.
+	var rels []arena.BlockID
+	reserved := uint64(a.st.ReservedBytes[0].Current)
+	for i := len(blocks) - 1; i >= 0 && reserved > target; i-- {
+		info, _ := a.heap.Block(blocks[i])
+		sg := a.segOf[info.Region]
+		off, n := uint64(0), info.Size
+		if sg.expandable {
+			lo, hi := sg.s.WholeHandles(uint64(info.Addr-sg.base), info.Size, reserved-target)
+			if lo >= hi {
+				continue
+			}
+			off, n = lo-uint64(info.Addr-sg.base), hi-lo
+		}
+		rel, err := a.heap.BeginRelease(blocks[i], off, n)
+		if err != nil {
+			continue // Check reports the disagreement
+		}
+		rels = append(rels, rel)
+		reserved -= min(n, reserved)
+	}
+	if len(rels) == 0 {
+		return nil
+	}
+	a.counters.StreamSyncs++
+	err := a.waitUnlocked(func() error { return a.drv.StreamSynchronize(ss.stream) })
+	if err != nil {
+		for _, rel := range rels {
+			_, _ = a.heap.AbortRelease(rel)
+		}
+		if a.streams[ss.stream] != ss || !a.streamGone(ss.stream) {
+			return err
+		}
+		// Destroyed behind our back: its memory is released once a
+		// device synchronize shows its work complete (releaseUntil
+		// and releaseAll do one for all such streams; stranded and
+		// counted until then).
+		a.vanish(ss)
+		return nil
 	}
 	var errs []error
-	for i := len(blocks) - 1; i >= 0; i-- { // Each yields ascending sizes
-		reserved := uint64(a.st.ReservedBytes[0].Current)
-		if reserved <= target {
-			break
-		}
-		if err := a.releaseBlock(ss, blocks[i], reserved-target); err != nil {
+	for _, rel := range rels {
+		if err := a.releaseMarked(ss, rel); err != nil {
 			errs = append(errs, err)
 		}
 	}
 	return errors.Join(errs...)
 }
 
+// waitUnlocked runs wait, a driver call that may block (a stream or event
+// synchronize), with mu dropped, and retakes mu. Blocks the caller marked
+// Releasing stay out of every index meanwhile; Close, Check and Snapshot
+// wait until no such call is in flight. mu held on entry and on return.
+func (a *Allocator) waitUnlocked(wait func() error) error {
+	a.inflight++
+	a.mu.Unlock()
+	err := wait()
+	a.mu.Lock()
+	if a.inflight--; a.inflight == 0 {
+		a.quiet.Broadcast()
+	}
+	return err
+}
+
+// quiesceWaits waits until no driver wait runs without the lock, so that
+// no block is Releasing. mu held (dropped while waiting).
+func (a *Allocator) quiesceWaits() {
+	for a.inflight > 0 {
+		a.quiet.Wait()
+	}
+}
+
+// releaseMarked returns the memory of Releasing block rel, whose stream
+// work is complete: a whole classic segment, or the whole handles it
+// covers in an expandable segment. mu held.
+func (a *Allocator) releaseMarked(ss *streamState, rel arena.BlockID) error {
+	info, _ := a.heap.Block(rel)
+	sg := a.segOf[info.Region]
+	if !sg.expandable {
+		if _, err := a.heap.AbortRelease(rel); err != nil {
+			return fmt.Errorf("%w: %w", ErrCorrupt, err)
+		}
+		return a.destroyClassic(sg)
+	}
+	lo := uint64(info.Addr - sg.base)
+	done, err := sg.s.Unmap(lo, info.Size)
+	if _, cerr := a.heap.CommitRelease(rel, done); cerr != nil {
+		return errors.Join(err, fmt.Errorf("%w: %w", ErrCorrupt, cerr))
+	}
+	if done > 0 {
+		a.histReserve(false, info.Addr, -int64(done), ss.stream)
+		a.st.ReservedBytes.Add(sg.pool.kind, -int64(done))
+		a.maybeDropEmpty(sg)
+	}
+	return err
+}
+
 // releasable reports whether releasing free block b would return memory:
 // a whole classic segment, or an expandable block holding at least one
-// whole physical handle.
-func (a *Allocator) releasable(b *arena.Block) bool {
-	sg := b.Region.Owner.(*seg)
+// whole physical handle. mu held.
+func (a *Allocator) releasable(b arena.BlockID) bool {
+	info, _ := a.heap.Block(b)
+	sg := a.segOf[info.Region]
 	if !sg.expandable {
-		return !b.IsSplit()
+		return !info.IsSplit()
 	}
-	lo, hi := sg.s.WholeHandles(uint64(b.Addr-sg.r.Base), b.Size, ^uint64(0))
+	lo, hi := sg.s.WholeHandles(uint64(info.Addr-sg.base), info.Size, ^uint64(0))
 	return hi > lo
 }
 
 // releaseBlock returns the memory of free block b (whose stream work is
 // known complete) to the driver: a whole classic segment, or the whole
 // handles inside an expandable block, the fewest from its high end that
-// make at least limit bytes (so the heap stays low). mu held.
-func (a *Allocator) releaseBlock(ss *streamState, b *arena.Block, limit uint64) error {
-	sg := b.Region.Owner.(*seg)
+// make at least limit bytes (so the heap stays low). The range is marked
+// releasing in the heap while it is unmapped. mu held.
+func (a *Allocator) releaseBlock(ss *streamState, b arena.BlockID, limit uint64) error {
+	info, ok := a.heap.Block(b)
+	if !ok || info.State != arena.Free || info.StreamID != ss.sid {
+		return nil // merged or released since the walk
+	}
+	sg := a.segOf[info.Region]
 	p := sg.pool
-	fl := ss.free[p.idx]
 	if !sg.expandable {
 		return a.destroyClassic(sg)
 	}
-	off := uint64(b.Addr - sg.r.Base)
-	lo, hi := sg.s.WholeHandles(off, b.Size, limit)
+	off := uint64(info.Addr - sg.base)
+	lo, hi := sg.s.WholeHandles(off, info.Size, limit)
 	if lo >= hi {
 		return nil
 	}
-	fl.Remove(b)
+	rel, err := a.heap.BeginRelease(b, lo-off, hi-lo)
+	if err != nil {
+		return fmt.Errorf("%w: %w", ErrCorrupt, err)
+	}
 	done, err := sg.s.Unmap(lo, hi-lo)
+	if _, cerr := a.heap.CommitRelease(rel, done); cerr != nil {
+		return errors.Join(err, fmt.Errorf("%w: %w", ErrCorrupt, cerr))
+	}
 	if done == 0 {
-		fl.Insert(b)
 		return err
 	}
-	piece := b
-	if lo > off {
-		piece = arena.Split(&a.bpool, b, lo-off)
-		fl.Insert(b)
-	}
-	if piece.Size > done {
-		right := arena.Split(&a.bpool, piece, done)
-		fl.Insert(right)
-	}
-	piece.State = arena.Unmapped
-	piece.Stream = 0
-	a.histReserve(false, piece.Addr, -int64(done), ss.stream)
+	a.histReserve(false, sg.base+uintptr(lo), -int64(done), ss.stream)
 	a.st.ReservedBytes.Add(p.kind, -int64(done))
-	if prev := piece.Prev; prev != nil && prev.State == arena.Unmapped {
-		p.unmapped.Delete(prev)
-		arena.Merge(&a.bpool, prev)
-		piece = prev
-	}
-	if next := piece.Next; next != nil && next.State == arena.Unmapped {
-		p.unmapped.Delete(next)
-		arena.Merge(&a.bpool, piece)
-	}
-	p.unmapped.ReplaceOrInsert(piece)
 	a.maybeDropEmpty(sg)
 	return err
 }
@@ -378,12 +468,22 @@ func (a *Allocator) Synchronize(stream backend.Stream) error {
 		return err
 	}
 	a.counters.StreamSyncs++
-	if err := a.drv.StreamSynchronize(ss.stream); err != nil {
+	freed := ss.freed
+	// The wait runs without mu. Blocks freed to ss meanwhile may have work
+	// queued after the wait began, so the release below waits again (with
+	// the blocks marked) if any was.
+	if err := a.waitUnlocked(func() error { return a.drv.StreamSynchronize(ss.stream) }); err != nil {
 		if !a.streamGone(ss.stream) {
 			return err
 		}
 		a.vanish(ss)
 		return fmt.Errorf("%w: stream %d was destroyed: %w", ErrInvalidStream, ss.stream, errors.Join(err, a.quiesce()))
+	}
+	if a.closed {
+		return ErrClosed
+	}
+	if !a.owns(ss) {
+		return nil // released meanwhile: its memory went back then
 	}
 	a.processEvents()
 	if a.cfg.ReleaseThreshold == ^uint64(0) {
@@ -394,5 +494,5 @@ func (a *Allocator) Synchronize(stream backend.Stream) error {
 		return nil
 	}
 	target := uint64(a.st.ReservedBytes[0].Current) - (cached - a.cfg.ReleaseThreshold)
-	return a.releaseStream(ss, target, false)
+	return a.releaseStream(ss, target, ss.freed != freed)
 }

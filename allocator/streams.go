@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"sort"
 
-	"github.com/vmmalloc/vmmalloc/arena"
 	"github.com/vmmalloc/vmmalloc/backend"
 )
 
@@ -216,14 +215,15 @@ func (a *Allocator) quiesce() error {
 		}
 		delete(a.vanished, id)
 		a.adoptIntoIdle(ss)
+		a.unregister(ss)
 	}
 	stranded := a.stranded
 	a.stranded = nil
 	for _, b := range stranded {
-		b.Events-- // the phantom event: the device is idle
-		if b.Events == 0 {
+		// the phantom event: the device is idle
+		if n, err := a.heap.AddEvents(b, -1); err == nil && n == 0 {
 			a.pending--
-			a.freeBlock(b)
+			_ = a.freeBlock(b)
 		}
 	}
 	return a.releaseIdle()
@@ -232,17 +232,30 @@ func (a *Allocator) quiesce() error {
 // maxSpareStates bounds the empty stream states kept for reuse.
 const maxSpareStates = 16
 
-// newState returns an empty state for stream s, reusing a spare one (two
-// free lists, about 16 KB) when there is one. mu held.
-func (a *Allocator) newState(s backend.Stream) *streamState {
+// newState returns an empty state for stream s, registered with the heap,
+// reusing a spare one when there is one. mu held.
+func (a *Allocator) newState(s backend.Stream) (*streamState, error) {
 	if n := len(a.spare); n > 0 {
 		ss := a.spare[n-1]
+		ss.stream = s
+		if err := a.register(ss); err != nil {
+			return nil, err
+		}
 		a.spare[n-1] = nil
 		a.spare = a.spare[:n-1]
-		ss.stream = s
-		return ss
+		return ss, nil
 	}
-	return newStreamState(s)
+	return a.newStreamState(s)
+}
+
+// unregister removes ss, which owns no block any more, from the heap. mu
+// held.
+func (a *Allocator) unregister(ss *streamState) {
+	if ss.sid == 0 || a.heap.RemoveStream(ss.sid) != nil {
+		return // still owns blocks: Check reports it
+	}
+	a.states[ss.sid] = nil
+	ss.sid = 0
 }
 
 // retire returns the memory of ss, a stream in use whose work is complete,
@@ -253,11 +266,12 @@ func (a *Allocator) retire(ss *streamState) error {
 	a.keepEmpty = true
 	defer func() { a.keepEmpty = false }()
 	err := a.releaseStream(ss, 0, false) // ss still known: dropping a segment finds its blocks' state
-	if ss.active > 0 || ss.free[0].Len()+ss.free[1].Len() > 0 {
+	if ss.active > 0 || a.freeLen(ss) > 0 {
 		a.adoptIntoIdle(ss)
 		err = errors.Join(err, a.releaseIdle())
 	}
 	a.forget(ss)
+	a.unregister(ss)
 	if len(a.spare) < maxSpareStates && ss.busyIdx < 0 && len(ss.queue) == 0 {
 		ss.stream = 0
 		a.spare = append(a.spare, ss)
@@ -266,32 +280,14 @@ func (a *Allocator) retire(ss *streamState) error {
 }
 
 // adoptIntoIdle relabels every block of ss (no longer in use, its work
-// complete) as the idle owner's, merging its free blocks with the idle
-// owner's. It walks every segment: it runs only when a released stream
+// complete) as the idle owner's; the heap merges its free blocks with the
+// idle owner's. It walks every segment: it runs only when a released stream
 // still holds memory. mu held.
 func (a *Allocator) adoptIntoIdle(ss *streamState) {
-	if ss.active == 0 && ss.free[0].Len()+ss.free[1].Len() == 0 {
+	if ss.active == 0 && a.freeLen(ss) == 0 {
 		return
 	}
-	var free []*arena.Block
-	for _, sg := range a.segs {
-		p := sg.pool
-		for b := sg.r.Head; b != nil; b = b.Next {
-			if b.Stream != ss.stream || b.State == arena.Unmapped {
-				continue
-			}
-			if b.State == arena.Free {
-				a.countInactive(p, b, -1)
-				ss.free[p.idx].Remove(b)
-				free = append(free, b)
-			}
-			b.Stream = idleStream
-		}
-	}
-	for _, b := range free { // ascending address: each merges into the one before
-		p := &a.pools[poolIdx(b)]
-		a.coalesceInsert(p, a.idle.free[p.idx], b)
-	}
+	_ = a.heap.MoveStream(ss.sid, a.idle.sid) // both registered
 	a.idle.active += ss.active
 	ss.active = 0
 }
@@ -301,7 +297,7 @@ func (a *Allocator) adoptIntoIdle(ss *streamState) {
 // synchronisation is needed. Emptied reservations stay for the streams
 // that follow (EmptyCache releases them). mu held.
 func (a *Allocator) releaseIdle() error {
-	if a.idle.free[0].Len()+a.idle.free[1].Len() == 0 {
+	if a.freeLen(a.idle) == 0 {
 		return nil
 	}
 	keep := a.keepEmpty
@@ -315,10 +311,10 @@ func (a *Allocator) releaseIdle() error {
 func (a *Allocator) strandedBytes() uint64 {
 	var n uint64
 	for _, ss := range a.vanished {
-		n += ss.free[0].Bytes() + ss.free[1].Bytes()
+		n += a.freeBytes(ss)
 	}
 	for _, b := range a.stranded {
-		n += b.Size
+		n += a.heap.Size(b)
 	}
 	return n
 }
@@ -348,15 +344,8 @@ func (a *Allocator) retireVanishedID(ss *streamState) {
 	}
 	a.ghosts++
 	ghost := idleStream - backend.Stream(a.ghosts)
-	old := ss.stream
-	for _, sg := range a.segs {
-		for b := sg.r.Head; b != nil; b = b.Next {
-			if b.Stream == old && b.State != arena.Unmapped {
-				b.Stream = ghost
-			}
-		}
-	}
-	delete(a.vanished, old)
+	delete(a.vanished, ss.stream)
 	ss.stream = ghost
+	a.heap.RenameStream(ss.sid, ghost) // blocks are owned by ss.sid: they follow
 	a.vanished[ghost] = ss
 }
