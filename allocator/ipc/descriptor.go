@@ -81,12 +81,12 @@ func (d *Descriptor) Validate() error {
 //	magic "VMIPC\x00" version u16 device u32 pid i32 size u64 offset u64 n u32
 //	n × (shareable u64, size u64, offset u64)
 const (
-	magic      = "VMIPC\x00"
-	version    = 1
-	headerLen  = len(magic) + 2 + 4 + 4 + 8 + 8 + 4
-	handleLen  = 24
-	maxBinLen  = headerLen + MaxHandles*handleLen
-	minBinLen  = headerLen + handleLen
+	magic     = "VMIPC\x00"
+	version   = 1
+	headerLen = len(magic) + 2 + 4 + 4 + 8 + 8 + 4
+	handleLen = 24
+	maxBinLen = headerLen + MaxHandles*handleLen
+	minBinLen = headerLen + handleLen
 )
 
 // MarshalBinary encodes a valid d.

@@ -68,8 +68,8 @@ func NewExporter(a *allocator.Allocator) (*Exporter, error) {
 // needs; Close ends the export on this side (importers keep their maps).
 type Export struct {
 	Descriptor
-	e      *Exporter
-	hs     []*sharedHandle // one per handle of the descriptor; nil once closed
+	e  *Exporter
+	hs []*sharedHandle // one per handle of the descriptor; nil once closed
 }
 
 // Export shares the live allocation at ptr. It retains and exports every
