@@ -61,6 +61,11 @@
 //	                          any failure: undo in reverse ─▶ nothing held
 //	Mapping ──Close──▶ unmapped, handles freed, reservation released
 //
+// Use one Exporter per allocator for the allocator's lifetime: a handle
+// stays exported while the allocator maps it, so after an Exporter's Close
+// another Exporter cannot export the same handle again (the driver refuses,
+// R15, and the error wraps backend.ErrInvalidArgument).
+//
 // The exporter must keep an allocation live while it is exported: the
 // allocator would hand freed memory out again, and importers would see it
 // (PyTorch's CUDA IPC has the same contract).

@@ -187,3 +187,48 @@ func TestFreeWhileMapped(t *testing.T) {
 	require.NoError(t, m.Close())
 	w.done(t)
 }
+
+// TestExporterLifetime: a closed Exporter refuses exports, and a second
+// Exporter cannot export a handle the allocator still maps after the
+// first exported it (R15; one Exporter per allocator).
+func TestExporterLifetime(t *testing.T) {
+	w := newWorld(t)
+	p, err := w.a.Malloc(2<<20, w.s)
+	require.NoError(t, err)
+	x, err := w.x.Export(p, ipc.ExportOptions{DisablePidValidation: true})
+	require.NoError(t, err)
+	require.NoError(t, x.Close())
+	require.NoError(t, x.Close(), "Close is idempotent")
+	require.ErrorIs(t, x.Allow(2000), ipc.ErrClosed)
+	require.NoError(t, w.x.Close())
+	_, err = w.x.Export(p, ipc.ExportOptions{})
+	require.ErrorIs(t, err, ipc.ErrClosed)
+
+	x2, err := ipc.NewExporter(w.a)
+	require.NoError(t, err)
+	refs0, _ := refs(w.e)
+	_, err = x2.Export(p, ipc.ExportOptions{DisablePidValidation: true})
+	require.ErrorIs(t, err, backend.ErrInvalidArgument)
+	refs1, _ := refs(w.e)
+	assert.Equal(t, refs0, refs1, "the failed export kept a reference")
+	require.NoError(t, x2.Close())
+	require.NoError(t, w.a.Free(p))
+	w.done(t)
+}
+
+// TestNewExporterNeedsIPC: a driver without backend.IPC cannot export.
+func TestNewExporterNeedsIPC(t *testing.T) {
+	e, err := emulated.New()
+	require.NoError(t, err)
+	defer e.Close()
+	a, err := allocator.New(noIPC{e}, allocator.DefaultConfig())
+	require.NoError(t, err)
+	defer a.Close()
+	_, err = ipc.NewExporter(a)
+	require.ErrorIs(t, err, backend.ErrNotSupported)
+	_, err = ipc.Import(noIPC{e}, validDescriptor(), 0)
+	require.ErrorIs(t, err, backend.ErrNotSupported)
+}
+
+// noIPC hides the emulator's optional capabilities.
+type noIPC struct{ backend.Driver }

@@ -145,7 +145,7 @@ func (s *Server) Serve(l *net.UnixListener, d Descriptor, report func(Cred, erro
 func Receive(conn *net.UnixConn) (Descriptor, []*os.File, error) {
 	buf := make([]byte, maxMsgLen)
 	oob := make([]byte, unix.CmsgSpace(4*MaxFDs))
-	n, oobn, _, _, err := conn.ReadMsgUnix(buf, oob)
+	n, oobn, flags, _, err := conn.ReadMsgUnix(buf, oob)
 	if err != nil {
 		return Descriptor{}, nil, fmt.Errorf("ipc: receive: %w", err)
 	}
@@ -170,6 +170,9 @@ func Receive(conn *net.UnixConn) (Descriptor, []*os.File, error) {
 			f.Close()
 		}
 		return Descriptor{}, nil, err
+	}
+	if flags&(unix.MSG_TRUNC|unix.MSG_CTRUNC) != 0 {
+		return fail(fmt.Errorf("%w: message truncated (flags %#x)", ErrBadDescriptor, flags))
 	}
 	if n == 0 {
 		return fail(fmt.Errorf("%w: empty message (peer closed?)", ErrBadDescriptor))
