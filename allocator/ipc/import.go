@@ -25,13 +25,20 @@ type Mapping struct {
 	closed bool // mu
 }
 
+// sizedImporter is a driver that cannot learn an imported handle's size
+// from the driver and takes it from the exporter (backend/acl).
+type sizedImporter interface {
+	ImportSized(shareable uint64, dev int, size uint64) (backend.Handle, error)
+}
+
 // Import maps the memory d names into this process over drv, on device
 // dev: reserve the span, import every shareable handle, map each in
 // order, set read-write access for dev. Any failing step rolls back every
 // earlier one in reverse, and the error wraps the driver's (an importer
 // the exporter did not whitelist gets backend.ErrNotPermitted). Over an
 // fd-based driver the shareables must carry fds of this process (Client
-// does that).
+// does that). Drivers that take the handle's size beside the shareable
+// (backend/acl's ImportSized) get it from the descriptor.
 func Import(drv backend.Driver, d Descriptor, dev int) (*Mapping, error) {
 	if err := d.Validate(); err != nil {
 		return nil, err
@@ -51,7 +58,13 @@ func Import(drv backend.Driver, d Descriptor, dev int) (*Mapping, error) {
 		return nil, errors.Join(err, m.undo(mapped))
 	}
 	for i, hd := range d.Handles {
-		h, err := x.Import(hd.Shareable, dev)
+		var h backend.Handle
+		var err error
+		if si, ok := drv.(sizedImporter); ok {
+			h, err = si.ImportSized(hd.Shareable, dev, hd.Size)
+		} else {
+			h, err = x.Import(hd.Shareable, dev)
+		}
 		if err != nil {
 			return fail(fmt.Errorf("ipc: import handle %d of %d: %w", i, len(d.Handles), err))
 		}
