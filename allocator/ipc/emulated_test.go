@@ -232,3 +232,39 @@ func TestNewExporterNeedsIPC(t *testing.T) {
 
 // noIPC hides the emulator's optional capabilities.
 type noIPC struct{ backend.Driver }
+
+// TestSpans checks allocator.Spans, which Export is built on: the handles
+// under an allocation in address order, and the errors of Free for
+// pointers that are not live allocations.
+func TestSpans(t *testing.T) {
+	w := newWorld(t)
+	p, err := w.a.Malloc(7<<20, w.s)
+	require.NoError(t, err)
+	size, spans, err := w.a.Spans(p)
+	require.NoError(t, err)
+	assert.Equal(t, uint64(7<<20), size)
+	require.Len(t, spans, 4)
+	var total uint64
+	for i, sp := range spans {
+		assert.Zero(t, sp.Size%w.a.Granularity(), "handle %d: %d bytes", i, sp.Size)
+		total += sp.Size
+		if i > 0 {
+			assert.Equal(t, spans[i-1].VA+uintptr(spans[i-1].Size), sp.VA, "handles in address order, back to back")
+		}
+	}
+	assert.GreaterOrEqual(t, total, size)
+	assert.LessOrEqual(t, spans[0].VA, p)
+	assert.Greater(t, spans[3].VA+uintptr(spans[3].Size), p+uintptr(size-1))
+
+	_, _, err = w.a.Spans(p + 512)
+	require.ErrorIs(t, err, allocator.ErrInteriorPointer)
+	_, _, err = w.a.Spans(0)
+	require.ErrorIs(t, err, allocator.ErrUnknownPointer)
+	require.NoError(t, w.a.Free(p))
+	_, _, err = w.a.Spans(p)
+	require.ErrorIs(t, err, allocator.ErrDoubleFree)
+	_, err = w.x.Export(p, ipc.ExportOptions{})
+	require.ErrorIs(t, err, allocator.ErrDoubleFree)
+	assert.Zero(t, w.x.Exported())
+	w.done(t)
+}
