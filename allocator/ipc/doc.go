@@ -34,6 +34,12 @@
 // lets any process import. An importer not whitelisted gets an error
 // wrapping backend.ErrNotPermitted from Import and holds nothing.
 //
+// Access is granted per physical handle, the driver's unit of sharing: a
+// peer admitted to one allocation can reach every allocation that lies in
+// the same handles (PyTorch shares whole segments for the same reason).
+// Whitelists only grow: a failing Export may have whitelisted its pids on
+// some handles already.
+//
 // On fd-based drivers (CUDA's POSIX fd handles, backend/cuda) holding the
 // fd is the access: Server hands descriptors out over a Unix socket
 // (SOCK_SEQPACKET), passing the fds with SCM_RIGHTS only to peers whose
