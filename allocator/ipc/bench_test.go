@@ -74,3 +74,39 @@ func BenchmarkShareEmulated(b *testing.B) {
 		})
 	}
 }
+
+// BenchmarkExportFirstEmulated measures the first export of an
+// allocation's handles (retain, export, whitelist one pid per handle),
+// each iteration over a fresh emulator, allocator and allocation (set up
+// and torn down outside the timer).
+func BenchmarkExportFirstEmulated(b *testing.B) {
+	for _, sz := range benchSizes {
+		b.Run(sz.name, func(b *testing.B) {
+			b.ReportAllocs()
+			for b.Loop() {
+				b.StopTimer()
+				e, err := emulated.New(emulated.WithCapacity(1 << 30))
+				require.NoError(b, err)
+				cfg, err := allocator.ParseConfig("large_segment_size_mb:2")
+				require.NoError(b, err)
+				a, err := allocator.New(e, cfg)
+				require.NoError(b, err)
+				s, err := e.StreamCreate(0)
+				require.NoError(b, err)
+				p, err := a.Malloc(sz.size, s)
+				require.NoError(b, err)
+				x, err := ipc.NewExporter(a)
+				require.NoError(b, err)
+				b.StartTimer()
+				exp, err := x.Export(p, ipc.ExportOptions{Pids: []int32{2000}})
+				b.StopTimer()
+				require.NoError(b, err)
+				require.NoError(b, exp.Close())
+				require.NoError(b, x.Close())
+				require.NoError(b, a.Close())
+				require.NoError(b, e.Close())
+				b.StartTimer()
+			}
+		})
+	}
+}
