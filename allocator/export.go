@@ -1,0 +1,56 @@
+package allocator
+
+import (
+	"fmt"
+
+	"github.com/vmmalloc/vmmalloc/arena"
+)
+
+// HandleSpan is one physical handle mapped under a live allocation: the
+// device address of its first byte and its size in bytes.
+type HandleSpan struct {
+	VA   uintptr // first byte of the handle's mapping
+	Size uint64  // nbytes of the handle
+}
+
+// Spans tells which physical handles back the live allocation at ptr, in
+// address order, for sharing it with another process (allocator/ipc). size
+// is the allocation's block size in bytes (the request rounded); the
+// allocation occupies [ptr, ptr+size), which starts ptr-spans[0].VA bytes
+// into the first handle and ends inside the last.
+//
+// The handles stay mapped while the allocation is live; a caller that
+// needs them longer takes its own references (backend.Driver.RetainHandle)
+// before it frees ptr. A ptr that is not the start of a live allocation is
+// an error as for Free (ErrUnknownPointer, ErrInteriorPointer,
+// ErrDoubleFree); nothing changes.
+func (a *Allocator) Spans(ptr uintptr) (size uint64, spans []HandleSpan, err error) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.closed {
+		return 0, nil, ErrClosed
+	}
+	if ptr == 0 || ptr%minBlockSize != 0 {
+		return 0, nil, a.badPointer(ptr)
+	}
+	id := a.heap.Lookup(ptr)
+	if id == arena.NoBlock {
+		return 0, nil, a.badPointer(ptr)
+	}
+	b, _ := a.heap.Block(id)
+	sg := a.segOfBlock(id)
+	if sg == nil {
+		return 0, nil, fmt.Errorf("%w: %#x has no segment", ErrUnknownPointer, ptr)
+	}
+	base := sg.s.Base()
+	end := uint64(b.Addr-base) + b.Size
+	for off := uint64(b.Addr - base); off < end; {
+		start, n, ok := sg.s.HandleRange(off)
+		if !ok {
+			return 0, nil, fmt.Errorf("%w: %#x: byte %d of the allocation is not mapped", ErrUnknownPointer, ptr, off-uint64(b.Addr-base))
+		}
+		spans = append(spans, HandleSpan{VA: base + uintptr(start), Size: n})
+		off = start + n
+	}
+	return b.Size, spans, nil
+}
