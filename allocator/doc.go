@@ -155,8 +155,10 @@
 // retake mu, and re-validate their stream state after (a stream released
 // meanwhile fails the Malloc with ErrInvalidStream). Close, Check,
 // Snapshot and MemorySnapshot wait until no such wait is in flight
-// (quiesceWaits), so they never see a Releasing block. Still made with mu
-// held: Synchronize's and ReleaseStream's stream synchronize, the ladder's
-// event synchronizes, and the map and unmap calls themselves (fast driver
-// calls, not waits on queued work).
+// (quiesceWaits), so they never see a Releasing block. Synchronize's
+// stream synchronize and the ladder's event synchronizes drop mu the same
+// way. Still made with mu held: ReleaseStream's stream synchronize, Close's,
+// the synchronize Free falls back to when it cannot record an event, and
+// the map and unmap calls themselves (fast driver calls, not waits on
+// queued work).
 package allocator
