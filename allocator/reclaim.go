@@ -221,7 +221,9 @@ func (a *Allocator) reclaimCandidates(ss *streamState, p *pool) []*streamState {
 // streamIdle reports, without waiting, whether the work that used the
 // blocks in t's free lists has completed. An earlier answer stands while no
 // block has been freed to t (t.idle); otherwise it records an event on t
-// and queries it. Any failure answers false. mu held.
+// and queries it. Any failure answers false; a stream the driver no longer
+// knows is marked vanished, so later growths do not probe it again. mu
+// held.
 func (a *Allocator) streamIdle(t *streamState) bool {
 	if t.idle {
 		return true
@@ -232,6 +234,11 @@ func (a *Allocator) streamIdle(t *streamState) bool {
 	}
 	defer func() { a.events = append(a.events, ev) }()
 	if a.drv.EventRecord(ev, t.stream) != nil {
+		if a.streamGone(t.stream) {
+			// Destroyed behind the allocator's back: never probed again
+			// (its memory waits for a device synchronize, streams.go).
+			a.vanish(t)
+		}
 		return false
 	}
 	done, err := a.drv.EventQuery(ev)

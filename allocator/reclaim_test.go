@@ -327,3 +327,40 @@ func TestAdoptProbeFails(t *testing.T) {
 		})
 	}
 }
+
+// TestReclaimForgetsDestroyedStreams: a growth that meets the free memory
+// of streams destroyed behind the allocator's back probes each of them
+// once and marks it vanished; later growths make no driver call for them,
+// so the work of a growth does not keep growing with the streams ever
+// used (issue 7).
+func TestReclaimForgetsDestroyedStreams(t *testing.T) {
+	a, e := newAlloc(t, "")
+	const n = 50
+	for range n {
+		s, err := e.StreamCreate(0)
+		require.NoError(t, err)
+		p, err := a.Malloc(4096, s)
+		require.NoError(t, err)
+		require.NoError(t, a.Free(p))
+		require.NoError(t, e.StreamDestroy(s))
+	}
+	s, err := e.StreamCreate(0)
+	require.NoError(t, err)
+	p, err := a.Malloc(1<<20, s) // grows: meets the destroyed streams' blocks
+	require.NoError(t, err)
+	assert.Len(t, a.vanished, n, "every destroyed stream probed once and marked vanished")
+	records := e.Calls(backend.OpEventRecord)
+	var ps []uintptr
+	for range 4 { // 1 MiB each: growths again
+		q, err := a.Malloc(1<<20, s)
+		require.NoError(t, err)
+		ps = append(ps, q)
+	}
+	assert.Equal(t, records, e.Calls(backend.OpEventRecord), "no stream probed again")
+	mustCheck(t, a, e)
+	for _, q := range append(ps, p) {
+		require.NoError(t, a.Free(q))
+	}
+	require.NoError(t, a.ReleaseStream(s))
+	require.NoError(t, e.StreamDestroy(s))
+}
