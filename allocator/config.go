@@ -123,6 +123,23 @@ func ParseConfig(s string) (Config, error) {
 // still an error. It returns the zero Config with any error.
 func ParseConfigOver(base Config, s string) (Config, error) {
 	c := base
+	if err := ParsePairs(s, ErrInvalidConfig, c.set); err != nil {
+		return Config{}, err
+	}
+	if err := c.Validate(); err != nil {
+		return Config{}, err
+	}
+	return c, nil
+}
+
+// ParsePairs is the grammar of VMMALLOC_CONF (and of the pinned host
+// allocator's VMMALLOC_HOST_CONF): comma-separated key:value pairs, commas
+// inside brackets not splitting, spaces around keys and values ignored. It
+// calls set for each pair in order. A pair with no value, or a key set
+// twice, is an error wrapping invalid that names the key (PyTorch lets the
+// last setting win silently; a key set twice is almost always two
+// configurations pasted together); set's errors are returned as they are.
+func ParsePairs(s string, invalid error, set func(k, v string) error) error {
 	seen := make(map[string]bool)
 	for _, kv := range splitTop(s) {
 		kv = strings.TrimSpace(kv)
@@ -132,22 +149,17 @@ func ParseConfigOver(base Config, s string) (Config, error) {
 		k, v, ok := strings.Cut(kv, ":")
 		k, v = strings.TrimSpace(k), strings.TrimSpace(v)
 		if !ok || v == "" {
-			return Config{}, fmt.Errorf("%w: %q has no value (want key:value)", ErrInvalidConfig, k)
+			return fmt.Errorf("%w: %q has no value (want key:value)", invalid, k)
 		}
 		if seen[k] {
-			// PyTorch lets the last one win silently; a key set twice is
-			// almost always two configurations pasted together.
-			return Config{}, fmt.Errorf("%w: %s is set more than once", ErrInvalidConfig, k)
+			return fmt.Errorf("%w: %s is set more than once", invalid, k)
 		}
 		seen[k] = true
-		if err := c.set(k, v); err != nil {
-			return Config{}, err
+		if err := set(k, v); err != nil {
+			return err
 		}
 	}
-	if err := c.Validate(); err != nil {
-		return Config{}, err
-	}
-	return c, nil
+	return nil
 }
 
 // splitTop splits at commas outside brackets.

@@ -1,6 +1,7 @@
 package allocator
 
 import (
+	"errors"
 	"math"
 	"testing"
 
@@ -137,4 +138,33 @@ func TestParseConfigOver(t *testing.T) {
 	zero, err := ParseConfigOver(base, "bogus:1")
 	require.ErrorIs(t, err, ErrInvalidConfig)
 	assert.Equal(t, Config{}, zero)
+}
+
+// TestParsePairs: the shared key:value grammar splits outside brackets,
+// trims, and refuses a missing value or a repeated key with the caller's
+// sentinel, before set sees the pair.
+func TestParsePairs(t *testing.T) {
+	mine := errors.New("mine")
+	for _, tc := range []struct {
+		in    string
+		pairs []string
+		err   string
+	}{
+		{"", nil, ""},
+		{" a : 1 ,, b:[1:2,>:8] ", []string{"a=1", "b=[1:2,>:8]"}, ""},
+		{"a:1,b", []string{"a=1"}, `mine: "b" has no value (want key:value)`},
+		{"a:1,a:2", []string{"a=1"}, "mine: a is set more than once"},
+	} {
+		var got []string
+		err := ParsePairs(tc.in, mine, func(k, v string) error { got = append(got, k+"="+v); return nil })
+		assert.Equal(t, tc.pairs, got, "%q", tc.in)
+		if tc.err == "" {
+			assert.NoError(t, err, "%q", tc.in)
+			continue
+		}
+		require.ErrorIs(t, err, mine, "%q", tc.in)
+		assert.EqualError(t, err, tc.err)
+	}
+	setErr := errors.New("set refused")
+	require.ErrorIs(t, ParsePairs("a:1", mine, func(k, v string) error { return setErr }), setErr)
 }

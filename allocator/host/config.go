@@ -5,6 +5,8 @@ import (
 	"os"
 	"strconv"
 	"strings"
+
+	"github.com/vmmalloc/vmmalloc/allocator"
 )
 
 // EnvVar is the environment variable ConfigFromEnv reads.
@@ -69,26 +71,8 @@ func ConfigFromEnv() (Config, error) { return ParseConfig(os.Getenv(EnvVar)) }
 // that names it.
 func ParseConfig(s string) (Config, error) {
 	c := DefaultConfig()
-	seen := make(map[string]bool)
-	for _, kv := range strings.Split(s, ",") {
-		kv = strings.TrimSpace(kv)
-		if kv == "" {
-			continue
-		}
-		k, v, ok := strings.Cut(kv, ":")
-		k, v = strings.TrimSpace(k), strings.TrimSpace(v)
-		if !ok || v == "" {
-			return Config{}, fmt.Errorf("%w: %q has no value (want key:value)", ErrInvalidConfig, k)
-		}
-		if seen[k] {
-			// As allocator.ParseConfig: a key set twice is almost always two
-			// configurations pasted together.
-			return Config{}, fmt.Errorf("%w: %s is set more than once", ErrInvalidConfig, k)
-		}
-		seen[k] = true
-		if err := c.set(k, v); err != nil {
-			return Config{}, err
-		}
+	if err := allocator.ParsePairs(s, ErrInvalidConfig, c.set); err != nil {
+		return Config{}, err
 	}
 	if err := c.Validate(); err != nil {
 		return Config{}, err
