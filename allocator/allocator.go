@@ -85,10 +85,19 @@ type pendingEvent struct {
 type pool struct {
 	kind     stats.PoolKind
 	idx      int
-	pageSize uint64               // bytes per full-size physical handle (expandable)
-	vaSize   uint64               // bytes of VA per expandable segment
-	cache    *segment.HandleCache // unmapped full-size handles
-	nexp     int                  // expandable segments in this pool
+	pageSize uint64 // bytes per full-size physical handle (expandable)
+	// handleSize is the most bytes per physical handle a growth creates
+	// (expandable): pageSize, or for the large pool the larger
+	// expandable_handle_mb rounded up to the granule, for growths of at
+	// least that many bytes (mapGrowth). Fixed at New.
+	handleSize uint64
+	// highWater is the most bytes allocated in the pool, plus the request
+	// being grown for, seen by a growth so far; the defrag limit is
+	// relative to it (reclaim.go). mu.
+	highWater uint64
+	vaSize    uint64               // bytes of VA per expandable segment
+	cache     *segment.HandleCache // unmapped full-size handles
+	nexp      int                  // expandable segments in this pool
 }
 
 // seg is one segment and its blocks.
@@ -183,6 +192,10 @@ func New(drv backend.Driver, cfg Config) (*Allocator, error) {
 			p.kind = stats.LargePool
 		}
 		p.pageSize = ps
+		p.handleSize = ps
+		if i == largeIdx {
+			p.handleSize = max(ps, roundUp(cfg.ExpandableHandleSize, gran))
+		}
 		p.vaSize = reservationSize(total, gran, ps)
 		p.cache = segment.NewHandleCache(drv, ps, prop, int(cfg.HandleCacheSize/ps), &a.counters)
 	}

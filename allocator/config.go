@@ -56,6 +56,15 @@ type Config struct {
 	// large pool, and the classic large segment size. Key:
 	// large_segment_size_mb.
 	LargeSegmentSize uint64
+	// ExpandableHandleSize, for expandable segments: a growth of the large
+	// pool that maps at least this many bytes cuts them into physical
+	// handles of this size (the last one shorter), created fresh; smaller
+	// growths map pages (LargeSegmentSize), from the handle cache first.
+	// LargeSegmentSize or less (0 too) always maps pages. Larger handles
+	// mean fewer driver calls per byte mapped and released, but a handle
+	// is unmapped only whole, so holes smaller than one stay mapped. Key:
+	// expandable_handle_mb.
+	ExpandableHandleSize uint64
 	// SmallSegmentSize is the page size of the small pool. Key:
 	// small_segment_size_mb.
 	SmallSegmentSize uint64
@@ -97,6 +106,7 @@ func DefaultConfig() Config {
 		MaxNonSplitRounding:      20 * mib,
 		PerProcessMemoryFraction: 1,
 		LargeSegmentSize:         20 * mib,
+		ExpandableHandleSize:     64 * mib,
 		SmallSegmentSize:         2 * mib,
 		ReleaseThreshold:         math.MaxUint64,
 		HandleCacheSize:          256 * mib,
@@ -226,6 +236,8 @@ func (c *Config) set(k, v string) error {
 		c.MaxNonSplitRounding, err = parseMB(k, v, 0)
 	case "large_segment_size_mb":
 		c.LargeSegmentSize, err = parseMB(k, v, 2)
+	case "expandable_handle_mb":
+		c.ExpandableHandleSize, err = parseMB(k, v, 0)
 	case "small_segment_size_mb":
 		c.SmallSegmentSize, err = parseMB(k, v, 1)
 	case "handle_cache_mb":
@@ -344,6 +356,8 @@ func (c Config) Validate() error {
 		return bad("Device", "negative")
 	case c.LargeSegmentSize == 0 || c.LargeSegmentSize%mib != 0:
 		return bad("large_segment_size_mb", "must be a positive whole number of MiB")
+	case c.ExpandableHandleSize%mib != 0 || c.ExpandableHandleSize > 1<<24*mib:
+		return bad("expandable_handle_mb", "must be a whole number of MiB, at most 16 TiB")
 	case c.SmallSegmentSize == 0 || c.SmallSegmentSize%mib != 0:
 		return bad("small_segment_size_mb", "must be a positive whole number of MiB")
 	case c.SmallSegmentSize > c.LargeSegmentSize:
@@ -376,6 +390,9 @@ func (c Config) String() string {
 	}
 	fmt.Fprintf(b, ",max_non_split_rounding_mb:%d", c.MaxNonSplitRounding/mib)
 	fmt.Fprintf(b, ",large_segment_size_mb:%d,small_segment_size_mb:%d", c.LargeSegmentSize/mib, c.SmallSegmentSize/mib)
+	if c.ExpandableHandleSize != DefaultConfig().ExpandableHandleSize {
+		fmt.Fprintf(b, ",expandable_handle_mb:%d", c.ExpandableHandleSize/mib)
+	}
 	if c.ReleaseThreshold != math.MaxUint64 {
 		fmt.Fprintf(b, ",release_threshold_mb:%d", c.ReleaseThreshold/mib)
 	}

@@ -12,6 +12,7 @@ var configKeys = []string{
 	"garbage_collection_threshold",
 	"per_process_memory_fraction",
 	"large_segment_size_mb",
+	"expandable_handle_mb",
 	"small_segment_size_mb",
 	"release_threshold_mb",
 	"handle_cache_mb",

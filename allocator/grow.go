@@ -230,7 +230,7 @@ func (a *Allocator) growExpandable(ss *streamState, p *pool, rounded uint64) (ar
 	if err != nil {
 		return arena.NoBlock, fmt.Errorf("%w: %w", ErrCorrupt, err)
 	}
-	if err := sg.s.Map(uint64(addr-sg.base), mapLen); err != nil {
+	if err := a.mapGrowth(sg, uint64(addr-sg.base), mapLen); err != nil {
 		if _, aerr := h.AbortMap(m); aerr != nil {
 			return arena.NoBlock, errors.Join(err, fmt.Errorf("%w: %w", ErrCorrupt, aerr))
 		}
@@ -257,17 +257,26 @@ func (a *Allocator) growExpandable(ss *streamState, p *pool, rounded uint64) (ar
 // left to the out-of-memory ladder: growth never waits for another stream.
 // Failures are left to the growth (and the OOM ladder) to report. mu held.
 func (a *Allocator) defragBeforeGrow(ss *streamState, p *pool, rounded uint64) {
-	page := p.pageSize
-	reserved := uint64(a.st.ReservedBytes[p.kind].Current)
-	after := reserved + roundUp(rounded, a.gran)
-	limit := uint64((1+a.cfg.DefragThreshold)*float64(uint64(a.st.AllocatedBytes[p.kind].Current)+rounded)) + page
-	if after <= limit {
+	excess := a.defragExcess(p, rounded)
+	if excess == 0 {
 		return
 	}
-	excess := after - limit
 	total := uint64(a.st.ReservedBytes[0].Current)
 	target := total - min(excess, total)
 	_ = a.releaseStreamPool(ss, p.idx, target, true)
+}
+
+// mapGrowth maps the n bytes at offset off of expandable segment sg for a
+// growth: a growth of at least the pool's handleSize bytes in handles of
+// that size (the last one shorter), a smaller one in pages (handle cache
+// first). Large handles cut the driver calls of large growths, and of
+// their releases, by handleSize/pageSize; small growths keep page handles,
+// which defragmentation can unmap from smaller holes. mu held.
+func (a *Allocator) mapGrowth(sg *seg, off, n uint64) error {
+	if p := sg.pool; p.handleSize > p.pageSize && n >= p.handleSize {
+		return sg.s.MapLarge(off, n, p.handleSize)
+	}
+	return sg.s.Map(off, n)
 }
 
 // adoptStrayMappings reconciles the range [addr, addr+n) of segment sg,

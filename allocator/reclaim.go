@@ -178,12 +178,23 @@ func (a *Allocator) reclaimBeforeGrow(ss *streamState, p *pool, rounded uint64) 
 }
 
 // defragExcess is by how many bytes growing pool p by rounded bytes would
-// take its mapped bytes above (1+defrag_threshold) × (allocated + rounded)
-// plus one page; 0 when it would not. mu held.
+// take its mapped bytes above the defrag limit, (1+defrag_threshold) × the
+// pool's high water mark (the most bytes allocated plus the request seen
+// by a growth, this one included) plus one page; 0 when it would not. It
+// raises the mark. mu held.
+//
+// The limit follows the high water mark, not the bytes allocated now:
+// memory mapped for an earlier peak is worth keeping until the workload
+// needs more than that peak, since a workload that comes back to it would
+// otherwise unmap and remap the same handles every step ("remap thrash",
+// issue 9). Peak reserved is bounded all the same: a growth past the mark
+// that defragmentation cannot keep under the limit is the only way
+// reserved bytes exceed (1+threshold) × peak allocated plus a page.
 func (a *Allocator) defragExcess(p *pool, rounded uint64) uint64 {
 	reserved := uint64(a.st.ReservedBytes[p.kind].Current)
 	after := reserved + roundUp(rounded, a.gran)
-	limit := uint64((1+a.cfg.DefragThreshold)*float64(uint64(a.st.AllocatedBytes[p.kind].Current)+rounded)) + p.pageSize
+	p.highWater = max(p.highWater, uint64(a.st.AllocatedBytes[p.kind].Current)+rounded)
+	limit := uint64((1+a.cfg.DefragThreshold)*float64(p.highWater)) + p.pageSize
 	if after <= limit {
 		return 0
 	}

@@ -302,7 +302,7 @@ func NewClassicConfig(drv backend.Driver, size uint64, cfg Config) (*Segment, er
 	}
 	s := newSegment(drv, cfg, base, size, gran, size)
 	s.classic = true
-	if err := s.mapRange(0, size); err != nil {
+	if err := s.mapRange(0, size, s.pageSize); err != nil {
 		err = fmt.Errorf("segment.NewClassic: %w", err)
 		if s.nHandles > 0 || len(s.leftover) > 0 {
 			return s, err // rollback incomplete: the caller must Destroy s
@@ -574,27 +574,27 @@ func (s *Segment) granules(what string, off, n uint64) (first, count int, err er
 
 // numPieces is the number of pieces [off, end) is cut into by the cut
 // policy.
-func (s *Segment) numPieces(off, end uint64) int {
+func (s *Segment) numPieces(off, end, size uint64) int {
 	if s.cut == CutFromStart {
-		return int((end - off + s.pageSize - 1) / s.pageSize)
+		return int((end - off + size - 1) / size)
 	}
-	span := end - (off - off%s.pageSize)
-	np := span / s.pageSize
-	if span%s.pageSize != 0 {
+	span := end - (off - off%size)
+	np := span / size
+	if span%size != 0 {
 		np++
 	}
 	return int(np)
 }
 
-// piece returns piece i of [off, end) cut by the cut policy, as byte
-// offsets [lo, hi).
-func (s *Segment) piece(off, end uint64, i int) (lo, hi uint64) {
+// piece returns piece i of [off, end) cut by the cut policy into pieces
+// of at most size bytes, as byte offsets [lo, hi).
+func (s *Segment) piece(off, end, size uint64, i int) (lo, hi uint64) {
 	if s.cut == CutFromStart {
-		lo = off + uint64(i)*s.pageSize
-		return lo, min(end, lo+s.pageSize)
+		lo = off + uint64(i)*size
+		return lo, min(end, lo+size)
 	}
-	page := off - off%s.pageSize + uint64(i)*s.pageSize
-	return max(off, page), min(end, page+s.pageSize)
+	page := off - off%size + uint64(i)*size
+	return max(off, page), min(end, page+size)
 }
 
 // Map maps the n bytes at offset off (both multiples of Granule, n > 0,
@@ -622,7 +622,33 @@ func (s *Segment) Map(off, n uint64) error {
 				off, n, ErrAlreadyMapped, uint64(g)*s.gran)
 		}
 	}
-	if err := s.mapRange(off, off+n); err != nil {
+	if err := s.mapRange(off, off+n, s.pageSize); err != nil {
+		return fmt.Errorf("segment: map [%#x, +%#x): %w", off, n, err)
+	}
+	return nil
+}
+
+// MapLarge is Map with handles of up to piece bytes (a multiple of
+// Granule, at least PageSize) instead of PageSize: fewer driver calls for
+// a large range, at the cost of coarser unmapping (a handle is unmapped
+// whole) and of handles the HandleCache does not hold (any piece that is
+// not exactly PageSize is created fresh and freed when unmapped). With
+// piece == PageSize it is Map.
+func (s *Segment) MapLarge(off, n, piece uint64) error {
+	if piece < s.pageSize || piece%s.gran != 0 {
+		return fmt.Errorf("segment: map [%#x, +%#x) in %d-byte pieces: %w: piece is not a multiple of the granule of at least a page", off, n, piece, ErrInvalidRange)
+	}
+	first, count, err := s.granules("map", off, n)
+	if err != nil {
+		return err
+	}
+	for g := first; g < first+count; g++ {
+		if s.span[g] != 0 {
+			return fmt.Errorf("segment: map [%#x, +%#x): %w: granule at offset %#x",
+				off, n, ErrAlreadyMapped, uint64(g)*s.gran)
+		}
+	}
+	if err := s.mapRange(off, off+n, piece); err != nil {
 		return fmt.Errorf("segment: map [%#x, +%#x): %w", off, n, err)
 	}
 	return nil
@@ -630,8 +656,8 @@ func (s *Segment) Map(off, n uint64) error {
 
 // mapRange maps the unmapped, granule-aligned range [off, end), all or
 // nothing.
-func (s *Segment) mapRange(off, end uint64) error {
-	np := s.numPieces(off, end)
+func (s *Segment) mapRange(off, end, size uint64) error {
+	np := s.numPieces(off, end, size)
 	if cap(s.scratch) < np {
 		s.scratch = make([]backend.Handle, np)
 	}
@@ -639,11 +665,15 @@ func (s *Segment) mapRange(off, end uint64) error {
 	defer clear(hs)
 
 	// Full-size pieces are [full0, full1): all but a partial head or tail.
+	// With pieces larger than a page none is taken from the cache.
 	full0, full1 := 0, np
-	if lo, hi := s.piece(off, end, 0); hi-lo != s.pageSize {
+	if size != s.pageSize {
+		full1 = 0
+	}
+	if lo, hi := s.piece(off, end, size, 0); full1 > full0 && hi-lo != s.pageSize {
 		full0 = 1
 	}
-	if lo, hi := s.piece(off, end, np-1); full1 > full0 && hi-lo != s.pageSize {
+	if lo, hi := s.piece(off, end, size, np-1); full1 > full0 && hi-lo != s.pageSize {
 		full1--
 	}
 	// hs[cache0:cache1] come from the cache.
@@ -655,27 +685,27 @@ func (s *Segment) mapRange(off, end uint64) error {
 		if hs[i] != 0 {
 			continue
 		}
-		lo, hi := s.piece(off, end, i)
+		lo, hi := s.piece(off, end, size, i)
 		h, err := s.drv.CreatePhysical(hi-lo, s.prop)
 		if err != nil {
 			err = fmt.Errorf("create %d-byte handle for [%#x, %#x): %w", hi-lo, lo, hi, err)
-			return s.rollbackMap(off, end, 0, hs, cache0, cache1, err)
+			return s.rollbackMap(off, end, size, 0, hs, cache0, cache1, err)
 		}
 		s.c.HandlesCreated++
 		hs[i] = h
 	}
 	for i := range np {
-		lo, hi := s.piece(off, end, i)
+		lo, hi := s.piece(off, end, size, i)
 		va := s.va(lo)
 		if err := s.drv.Map(va, hi-lo, hs[i]); err != nil {
 			err = fmt.Errorf("map handle [%#x, %#x) at %#x: %w", lo, hi, va, err)
-			return s.rollbackMap(off, end, i, hs, cache0, cache1, err)
+			return s.rollbackMap(off, end, size, i, hs, cache0, cache1, err)
 		}
 		s.c.Maps++
 		s.record(lo, hi, hs[i])
 		if err := s.drv.SetAccess(va, hi-lo, s.access); err != nil {
 			err = fmt.Errorf("set access on handle [%#x, %#x) at %#x: %w", lo, hi, va, err)
-			return s.rollbackMap(off, end, i+1, hs, cache0, cache1, err)
+			return s.rollbackMap(off, end, size, i+1, hs, cache0, cache1, err)
 		}
 	}
 	s.c.HandlesReused += int64(cache1 - cache0)
@@ -686,10 +716,10 @@ func (s *Segment) mapRange(off, end uint64) error {
 // nMapped pieces and gives back the handles in hs (hs[cache0:cache1] came
 // from the cache, the others were created). It returns cause, with any
 // rollback failure added.
-func (s *Segment) rollbackMap(off, end uint64, nMapped int, hs []backend.Handle, cache0, cache1 int, cause error) error {
+func (s *Segment) rollbackMap(off, end, size uint64, nMapped int, hs []backend.Handle, cache0, cache1 int, cause error) error {
 	var rbErrs []error
 	for i := nMapped - 1; i >= 0; i-- {
-		lo, hi := s.piece(off, end, i)
+		lo, hi := s.piece(off, end, size, i)
 		if err := s.drv.Unmap(s.va(lo), hi-lo); err != nil {
 			// The handle stays mapped, and recorded as such.
 			rbErrs = append(rbErrs, fmt.Errorf("unmap handle [%#x, %#x) at %#x: %w", lo, hi, s.va(lo), err))
@@ -711,7 +741,7 @@ func (s *Segment) rollbackMap(off, end uint64, nMapped int, hs []backend.Handle,
 		if h == 0 || (i >= cache0 && i < cache1) {
 			continue
 		}
-		lo, hi := s.piece(off, end, i)
+		lo, hi := s.piece(off, end, size, i)
 		if err := s.freeHandle(h, hi-lo == s.pageSize); err != nil {
 			rbErrs = append(rbErrs, err)
 		}

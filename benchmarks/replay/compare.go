@@ -30,7 +30,7 @@ func DefaultPolicies() []Policy {
 	return []Policy{
 		{Name: "expandable", Config: ""},
 		{Name: "classic", Config: "expandable_segments:False"},
-		{Name: "expandable-page2M", Config: "large_segment_size_mb:2"},
+		{Name: "expandable-page2M", Config: "large_segment_size_mb:2,expandable_handle_mb:0"},
 		{Name: "expandable-page64M", Config: "large_segment_size_mb:64"},
 		{Name: "classic-split128", Config: "expandable_segments:False,max_split_size_mb:128"},
 		{Name: "expandable-release256", Config: "release_threshold_mb:256"},
