@@ -47,6 +47,8 @@ func TestParseConfig(t *testing.T) {
 			assert.Zero(t, c.HandleCacheSize)
 			assert.Equal(t, "native", c.Backend)
 		}},
+		{"expandable_handle_mb:128", func(t *testing.T, c Config) { assert.Equal(t, uint64(128<<20), c.ExpandableHandleSize) }},
+		{"expandable_handle_mb:0", func(t *testing.T, c Config) { assert.Zero(t, c.ExpandableHandleSize) }},
 		{"backend:cuda", func(t *testing.T, c Config) { assert.Equal(t, "cuda", c.Backend) }},
 		{"backend:emulated", func(t *testing.T, c Config) { assert.Equal(t, "emulated", c.Backend) }},
 	}
@@ -83,6 +85,8 @@ func TestParseConfigErrorsNameTheKey(t *testing.T) {
 		{"large_segment_size_mb:0", "large_segment_size_mb"},
 		{"small_segment_size_mb:64,large_segment_size_mb:20", "small_segment_size_mb"},
 		{"backend:cudaMallocAsync", "backend"},
+		{"expandable_handle_mb:-1", "expandable_handle_mb"},
+		{"expandable_handle_mb:1.5", "expandable_handle_mb"},
 		{"max_segments_per_pool:0", "max_segments_per_pool"},
 		{"pinned_use_cuda_host_register:True", "pinned_use_cuda_host_register"},
 	}

@@ -15,7 +15,9 @@
 //     of each granule;
 //   - the page (Config.PageSize, a multiple of the granule) is the largest
 //     handle;
-//   - a handle covers one or more granules, at most a page.
+//   - a handle covers one or more granules, at most a page (or, mapped
+//     by MapLarge on a CutFromStart segment, at most the piece it asked
+//     for).
 //
 // Map(off, n) cuts [off, off+n) into pieces of at most a page and backs
 // each piece with one handle of exactly its size. By default
@@ -29,7 +31,9 @@
 // [6, 20), [20, 40) and [40, 56) MiB: two odd ones of 14 and 16 MiB and one
 // full one of 20 MiB; with CutFromStart it maps [6, 26), [26, 46) and
 // [46, 56). So no memory is stranded in partly used pages, while the bulk
-// of a large range still uses full, reusable handles.
+// of a large range still uses full, reusable handles. MapLarge(off, n,
+// piece) cuts every piece bytes instead (CutFromStart only), into fresh
+// handles: fewer driver calls for a large range, unmapped only whole.
 //
 // # State machine
 //
@@ -181,16 +185,17 @@ type Run struct {
 // See the package documentation for the state machine. It is not safe for
 // concurrent use; the caller's device lock guards every field.
 type Segment struct {
-	drv      backend.Driver
-	dev      int
-	prop     backend.PhysicalProp
-	access   []backend.AccessDesc // set on every mapped handle
-	base     uintptr              // start of the reservation
-	size     uint64               // nbytes reserved
-	gran     uint64               // nbytes per granule
-	pageSize uint64               // nbytes of a full-size handle; a multiple of gran
-	cut      CutPolicy            // where Map cuts ranges into handles
-	classic  bool                 // one whole-size handle mapped at creation
+	drv       backend.Driver
+	dev       int
+	prop      backend.PhysicalProp
+	access    []backend.AccessDesc // set on every mapped handle
+	base      uintptr              // start of the reservation
+	size      uint64               // nbytes reserved
+	gran      uint64               // nbytes per granule
+	pageSize  uint64               // nbytes of a full-size handle; a multiple of gran
+	maxHandle uint64               // most nbytes of any handle mapped: pageSize, or the largest MapLarge piece
+	cut       CutPolicy            // where Map cuts ranges into handles
+	classic   bool                 // one whole-size handle mapped at creation
 
 	// span has one entry per granule (nil once released): 0 if the granule
 	// is unmapped; k > 0 if it is the first granule of a mapped handle k
@@ -360,17 +365,18 @@ func granule(drv backend.Driver, cfg Config) (uint64, error) {
 func newSegment(drv backend.Driver, cfg Config, base uintptr, size, gran, pageSize uint64) *Segment {
 	n := size / gran
 	s := &Segment{
-		drv:      drv,
-		dev:      cfg.Device,
-		prop:     cfg.Prop,
-		base:     base,
-		size:     size,
-		gran:     gran,
-		pageSize: pageSize,
-		cut:      cfg.Cut,
-		span:     make([]int32, n),
-		hnd:      make([]backend.Handle, n),
-		c:        cfg.Counters,
+		drv:       drv,
+		dev:       cfg.Device,
+		prop:      cfg.Prop,
+		base:      base,
+		size:      size,
+		gran:      gran,
+		pageSize:  pageSize,
+		maxHandle: pageSize,
+		cut:       cfg.Cut,
+		span:      make([]int32, n),
+		hnd:       make([]backend.Handle, n),
+		c:         cfg.Counters,
 	}
 	if len(cfg.Access) > 0 {
 		s.access = append([]backend.AccessDesc(nil), cfg.Access...)
@@ -629,14 +635,17 @@ func (s *Segment) Map(off, n uint64) error {
 }
 
 // MapLarge is Map with handles of up to piece bytes (a multiple of
-// Granule, at least PageSize) instead of PageSize: fewer driver calls for
-// a large range, at the cost of coarser unmapping (a handle is unmapped
-// whole) and of handles the HandleCache does not hold (any piece that is
-// not exactly PageSize is created fresh and freed when unmapped). With
-// piece == PageSize it is Map.
+// Granule, at least PageSize) instead of PageSize, cut every piece bytes
+// from off: fewer driver calls for a large range, at the cost of coarser
+// unmapping (a handle is unmapped whole) and of handles the HandleCache
+// does not hold (with piece > PageSize every handle is created fresh, and
+// Unmap frees any that is not exactly PageSize). With piece == PageSize it
+// is Map. Pieces larger than a page need a CutFromStart segment (under
+// CutAtPageGrid no handle crosses a page boundary); otherwise, and for a
+// bad piece, it returns ErrInvalidRange and does nothing.
 func (s *Segment) MapLarge(off, n, piece uint64) error {
-	if piece < s.pageSize || piece%s.gran != 0 {
-		return fmt.Errorf("segment: map [%#x, +%#x) in %d-byte pieces: %w: piece is not a multiple of the granule of at least a page", off, n, piece, ErrInvalidRange)
+	if piece < s.pageSize || piece%s.gran != 0 || (piece > s.pageSize && s.cut != CutFromStart) {
+		return fmt.Errorf("segment: map [%#x, +%#x) in %d-byte pieces: %w: want a multiple of the granule of at least a page, larger only when cutting from the start", off, n, piece, ErrInvalidRange)
 	}
 	first, count, err := s.granules("map", off, n)
 	if err != nil {
@@ -651,6 +660,7 @@ func (s *Segment) MapLarge(off, n, piece uint64) error {
 	if err := s.mapRange(off, off+n, piece); err != nil {
 		return fmt.Errorf("segment: map [%#x, +%#x): %w", off, n, err)
 	}
+	s.maxHandle = max(s.maxHandle, piece)
 	return nil
 }
 

@@ -101,7 +101,7 @@ func checkConsistent(t *testing.T, d *fakeDriver, s *Segment) {
 			require.Zero(t, s.hnd[i+d])
 		}
 		r := s.run(i, i+sp)
-		require.LessOrEqual(t, r.Len, s.pageSize, "handle larger than a page")
+		require.LessOrEqual(t, r.Len, s.maxHandle, "handle larger than a page or MapLarge piece")
 		if s.cut == CutAtPageGrid {
 			require.Equal(t, r.Off/s.pageSize, (r.Off+r.Len-1)/s.pageSize, "handle %v crosses a page boundary", r)
 		}
