@@ -76,12 +76,14 @@ type Config struct {
 	// pool keeps for reuse. Key: handle_cache_mb.
 	HandleCacheSize uint64
 	// DefragThreshold, for expandable segments: when growth would make a
-	// pool's mapped bytes exceed (1+DefragThreshold) × its allocated bytes
-	// plus one page, the requesting stream's free handles stranded in holes
-	// are unmapped first (after synchronising that stream) and their
-	// physical handles remapped where the heap grows. Negative disables it (PyTorch's behaviour:
-	// never synchronise on growth). Key: defrag_threshold, a number ≥ 0 or
-	// "off".
+	// pool's mapped bytes exceed (1+DefragThreshold) × its high water mark
+	// of allocated bytes (the most allocated plus the request seen by a
+	// growth) plus one page, idle streams' free handles and then the
+	// requesting stream's free handles stranded in holes are unmapped
+	// first (the latter after synchronising that stream) and the growth
+	// maps where the heap grows. Negative disables it (PyTorch's
+	// behaviour: never synchronise on growth). Key: defrag_threshold, a
+	// number ≥ 0 or "off".
 	DefragThreshold float64
 	// MaxSegmentsPerPool bounds the expandable VA reservations of a pool;
 	// with two pools the VA reserved per device is at most

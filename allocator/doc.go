@@ -8,7 +8,7 @@
 //
 // One Allocator serves one device. It has two pools, small (rounded
 // requests ≤ 1 MiB) and large, each with its own page size (2 MiB and
-// 20 MiB by default: the largest physical handle it maps). A segment is one
+// 20 MiB by default: the handle size kept in its handle cache). A segment is one
 // virtual address reservation (package segment) whose range is tiled by
 // blocks (package arena). Every free mapped block sits in the free list of its
 // stream and pool, a TLSF index giving the exact best fit (smallest, then
@@ -27,9 +27,12 @@
 // the heap grows at the lowest address and freed pieces merge back. The
 // mapped range is cut every page size from its start: full-size handles
 // (reused from a handle cache), then one handle of exactly the size of the
-// rest. Memory is unmapped a whole handle at a time, so handles that fit
-// what was asked for, starting where the growth's allocation starts, leave
-// less memory stranded in partly used handles than a fixed page grid.
+// rest. A growth of the large pool of at least expandable_handle_mb (64
+// MiB) is cut into handles of that size instead, fresh from the driver:
+// a third of the driver calls to map and later unmap it. Memory is
+// unmapped a whole handle at a time, so handles that fit what was asked
+// for, starting where the growth's allocation starts, leave less memory
+// stranded in partly used handles than a fixed page grid.
 // Free coalesces with free neighbours of the same stream. A free block on another stream's list is never handed out:
 // stream-ordered reuse needs no synchronisation.
 //
@@ -44,6 +47,11 @@
 // non-blocking event query says so) change hands where they are mapped, or
 // are unmapped and remapped where the heap grows (reclaim.go), so many
 // streams reserve about the peak of their sum, not the sum of their peaks.
+// Unmapping for that, or for the stream's own holes (defragmentation),
+// happens only when the growth would take the pool's mapped bytes past
+// (1 + defrag_threshold) × its high water mark of allocated bytes plus a
+// page: memory mapped for an earlier peak stays mapped, so a workload
+// that returns to that peak does not unmap and remap it every step.
 //
 // # Address-space budget
 //
