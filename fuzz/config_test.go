@@ -15,6 +15,7 @@ var configKeys = []string{
 	"large_segment_size_mb", "small_segment_size_mb", "handle_cache_mb",
 	"release_threshold_mb", "garbage_collection_threshold", "per_process_memory_fraction",
 	"max_segments_per_pool", "roundup_power2_divisions", "backend", "defrag_threshold",
+	"expandable_handle_mb",
 }
 
 // namesInput reports whether an error message names part of the input s:
