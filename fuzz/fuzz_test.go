@@ -45,6 +45,9 @@ func configFor(b [4]byte) harnessConfig {
 	if df := []string{"", "off", "0", "0.5"}[b[2]>>4&3]; df != "" {
 		add("defrag_threshold:%s", df)
 	}
+	if eh := []int{-1, 0, 8, 24}[b[2]>>6&3]; eh >= 0 {
+		add("expandable_handle_mb:%d", eh)
+	}
 	if fr := []string{"", "0.75", "0.5", ""}[b[2]&3]; fr != "" {
 		add("per_process_memory_fraction:%s", fr)
 		if gc := []string{"", "0.5", "0.8", ""}[b[2]>>2&3]; gc != "" {
@@ -63,7 +66,7 @@ func configFor(b [4]byte) harnessConfig {
 // FuzzAllocatorConfig is FuzzAllocator over a configuration chosen by the
 // input's first four bytes: expandable or classic segments, page sizes,
 // max_split_size, release threshold, handle cache, VA budget, rounding,
-// defragmentation, memory fraction and garbage collection, capacity,
+// defragmentation, growth handle size, memory fraction and garbage collection, capacity,
 // streams, whether streams are held, and whether the allocator is closed
 // with blocks still allocated.
 func FuzzAllocatorConfig(f *testing.F) {
