@@ -2,6 +2,7 @@ package benchmarks
 
 import (
 	"fmt"
+	"runtime"
 	"slices"
 	"sync"
 	"testing"
@@ -30,19 +31,45 @@ func (d *slowSync) StreamSynchronize(s backend.Stream) error {
 }
 
 // BenchmarkMallocFreeDuringWait measures the latency of cache-hit
-// Malloc+Free pairs on one stream while another goroutine's growth on
-// another stream waits 20 ms for that stream (defrag before growth: the
-// stream's free handles are unmapped after a synchronize). Each iteration
-// is one such growth (and an EmptyCache, which waits again). The other
-// goroutine issues a pair every 50 µs throughout, open loop: a pair's
+// Malloc+Free pairs on one stream while another goroutine works on
+// another stream. Sub-benchmarks by what the other goroutine does per
+// iteration:
+//
+//   - other=grow-wait: a growth whose defrag waits 20 ms for its stream
+//     (the stream's free handles are unmapped after a synchronize), then
+//     an EmptyCache that waits 20 ms again: the case of issue 10;
+//   - other=grow: the same calls with synchronizes that return at once,
+//     then a 40 ms sleep outside the allocator: what is left is the
+//     driver calls (map, unmap, handle create and release) and the
+//     allocator's own work;
+//   - other=idle: it sleeps 40 ms and calls nothing: the control, what the
+//     machine itself (scheduler, timer, other processes) costs the
+//     measuring goroutine.
+//
+// The measuring goroutine issues a pair every 50 µs, open loop: a pair's
 // latency runs from when it was due, so pairs held up behind a stalled
-// lock all count (no coordinated omission). It reports p50, p99 and max
-// latency (p50-ns, p99-ns, max-ns) and waits/op, the synchronizes made,
-// to show the waits happened.
+// lock all count (no coordinated omission). It reports, over every pair,
+// p50, p99 and max of that latency (p50-ns, p99-ns, max-ns), p99 and max
+// of the pair's own duration, from its first call to its return
+// (svc-p99-ns, svc-max-ns: time waiting for the allocator's mutex counts
+// here, time the goroutine was not running before the pair does not),
+// the synchronizes made (waits/op) and the garbage collections during the
+// run (gc/op). The latency slice is allocated before the timer starts.
+// With GOMAXPROCS=2 (the CI machine: 2 cores) the spinning measurer, the
+// other goroutine and the Go runtime share two threads.
 func BenchmarkMallocFreeDuringWait(b *testing.B) {
+	for _, mode := range []string{"grow-wait", "grow", "idle"} {
+		b.Run("other="+mode, func(b *testing.B) { benchDuringWait(b, mode) })
+	}
+}
+
+func benchDuringWait(b *testing.B, mode string) {
 	e, err := emulated.New()
 	require.NoError(b, err)
-	drv := &slowSync{Emulator: e, wait: 20 * time.Millisecond}
+	drv := &slowSync{Emulator: e}
+	if mode == "grow-wait" {
+		drv.wait = 20 * time.Millisecond
+	}
 	a, err := allocator.New(drv, allocator.DefaultConfig())
 	require.NoError(b, err)
 	defer a.Close()
@@ -60,12 +87,12 @@ func BenchmarkMallocFreeDuringWait(b *testing.B) {
 	// finds mapped memory above its defrag limit and unmaps the holes,
 	// after synchronising the slow stream, before it grows.
 	const mib = 1 << 20
+	var ptrs [8]uintptr
 	grow := func() {
-		var ptrs []uintptr
-		for i := 0; i < 8; i++ {
+		for i := range ptrs {
 			q, err := a.Malloc(20*mib, slow)
 			require.NoError(b, err)
-			ptrs = append(ptrs, q)
+			ptrs[i] = q
 		}
 		for i := 0; i < len(ptrs); i += 2 {
 			require.NoError(b, a.Free(ptrs[i]))
@@ -78,17 +105,35 @@ func BenchmarkMallocFreeDuringWait(b *testing.B) {
 		}
 		require.NoError(b, a.EmptyCache())
 	}
+	switch mode {
+	case "grow":
+		calls := grow
+		grow = func() { calls(); time.Sleep(40 * time.Millisecond) }
+	case "idle":
+		grow = func() { time.Sleep(40 * time.Millisecond) }
+	}
 
+	const period = 50 * time.Microsecond
+	// Each iteration takes about 40 ms with the waits (800 pairs); room
+	// for four times that, so that append never copies while measuring.
+	n := b.N*4*int(40*time.Millisecond/period) + 1024
 	var (
 		stop    = make(chan struct{})
 		wg      sync.WaitGroup
-		lat     []time.Duration
+		lat     = make([]time.Duration, 0, n)
+		svc     = make([]time.Duration, 0, n)
 		pairErr error
 	)
-	const period = 50 * time.Microsecond
+	var ms0, ms1 runtime.MemStats
+	runtime.GC()
+	runtime.ReadMemStats(&ms0)
+	syncs0 := a.Stats().NumStreamSyncs
+	started := make(chan struct{})
 	wg.Add(1)
+	b.ResetTimer()
 	go func() {
 		defer wg.Done()
+		close(started)
 		due := time.Now()
 		for {
 			select {
@@ -98,11 +143,14 @@ func BenchmarkMallocFreeDuringWait(b *testing.B) {
 			}
 			for time.Now().Before(due) { // spin: a sleep would overshoot
 			}
+			start := time.Now()
 			q, err := a.Malloc(4096, fast)
 			if err == nil {
 				err = a.Free(q)
 			}
-			lat = append(lat, time.Since(due))
+			end := time.Now()
+			lat = append(lat, end.Sub(due))
+			svc = append(svc, end.Sub(start))
 			if err != nil {
 				pairErr = err
 				return
@@ -110,23 +158,29 @@ func BenchmarkMallocFreeDuringWait(b *testing.B) {
 			due = due.Add(period)
 		}
 	}()
-	syncs0 := a.Stats().NumStreamSyncs
-	b.ResetTimer()
+	<-started
 	for i := 0; i < b.N; i++ {
 		grow()
 	}
-	b.StopTimer()
-	syncs := a.Stats().NumStreamSyncs - syncs0
 	close(stop)
 	wg.Wait()
+	b.StopTimer()
+	runtime.ReadMemStats(&ms1)
+	syncs := a.Stats().NumStreamSyncs - syncs0
 	require.NoError(b, pairErr)
 	require.NotEmpty(b, lat)
+	at := func(d []time.Duration, q float64) float64 {
+		return float64(d[int(q*float64(len(d)-1))].Nanoseconds())
+	}
 	slices.Sort(lat)
-	at := func(q float64) float64 { return float64(lat[int(q*float64(len(lat)-1))].Nanoseconds()) }
-	b.ReportMetric(at(0.50), "p50-ns")
-	b.ReportMetric(at(0.99), "p99-ns")
+	slices.Sort(svc)
+	b.ReportMetric(at(lat, 0.50), "p50-ns")
+	b.ReportMetric(at(lat, 0.99), "p99-ns")
 	b.ReportMetric(float64(lat[len(lat)-1].Nanoseconds()), "max-ns")
+	b.ReportMetric(at(svc, 0.99), "svc-p99-ns")
+	b.ReportMetric(float64(svc[len(svc)-1].Nanoseconds()), "svc-max-ns")
 	b.ReportMetric(float64(syncs)/float64(b.N), "waits/op")
+	b.ReportMetric(float64(ms1.NumGC-ms0.NumGC)/float64(b.N), "gc/op")
 }
 
 // BenchmarkMallocFreeTwoStreams measures cache-hit Malloc+Free throughput
