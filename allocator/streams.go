@@ -103,10 +103,31 @@ func (a *Allocator) ReleaseStream(s backend.Stream) error {
 		}
 		ss = a.streams[s]
 	}
+	if ss.releasing {
+		return fmt.Errorf("%w: stream %d is being released by another ReleaseStream", ErrInvalidStream, s)
+	}
+	// Wait for s without mu. Meanwhile s is releasing: Malloc,
+	// RecordStream and Synchronize on it fail with ErrInvalidStream, and
+	// its free blocks stay in its free lists, which no other stream's
+	// Malloc takes. Only the events queued on s before the wait began are
+	// complete after it (retired counts them; processEvents may retire
+	// some meanwhile).
+	ss.releasing = true
+	if a.lastS == ss {
+		a.lastS = nil // the fast path of stream() must not find it
+	}
+	upTo := ss.retired + uint64(len(ss.queue))
 	a.counters.StreamSyncs++
-	if err := a.drv.StreamSynchronize(s); err != nil {
+	err := a.waitUnlocked(func() error { return a.drv.StreamSynchronize(s) })
+	ss.releasing = false
+	if a.streams[s] != ss {
+		// Found destroyed meanwhile by another call (vanish): its memory
+		// waits for a device synchronize.
+		return errors.Join(err, fmt.Errorf("%w: stream %d was destroyed while ReleaseStream waited for it", ErrInvalidStream, s))
+	}
+	if err != nil {
 		if !a.streamGone(s) {
-			return err
+			return err // nothing changed
 		}
 		a.vanish(ss)
 		if qerr := a.quiesce(); qerr != nil {
@@ -114,7 +135,7 @@ func (a *Allocator) ReleaseStream(s backend.Stream) error {
 		}
 		return nil
 	}
-	for len(ss.queue) > 0 { // recorded on s: complete now
+	for ss.retired < upTo && len(ss.queue) > 0 { // recorded on s before the wait: complete now
 		a.eventDone(ss)
 	}
 	return a.retire(ss)
