@@ -109,35 +109,45 @@ func (a *Allocator) ReleaseStream(s backend.Stream) error {
 	// Wait for s without mu. Meanwhile s is releasing: Malloc,
 	// RecordStream and Synchronize on it fail with ErrInvalidStream, and
 	// its free blocks stay in its free lists, which no other stream's
-	// Malloc takes. Only the events queued on s before the wait began are
+	// Malloc takes. Only the events queued on s before a wait began are
 	// complete after it (retired counts them; processEvents may retire
-	// some meanwhile).
+	// some meanwhile). A Free during the wait of a block recorded on s
+	// (RecordStream before this call) queues one more event: s is waited
+	// for again, so the state is forgotten with no event queued. Each
+	// such block queues at most one, so the loop ends.
 	ss.releasing = true
 	if a.lastS == ss {
 		a.lastS = nil // the fast path of stream() must not find it
 	}
-	upTo := ss.retired + uint64(len(ss.queue))
-	a.counters.StreamSyncs++
-	err := a.waitUnlocked(func() error { return a.drv.StreamSynchronize(s) })
+	for {
+		upTo := ss.retired + uint64(len(ss.queue))
+		a.counters.StreamSyncs++
+		err := a.waitUnlocked(func() error { return a.drv.StreamSynchronize(s) })
+		if a.streams[s] != ss {
+			// Found destroyed meanwhile by another call (vanish): its
+			// memory waits for a device synchronize.
+			ss.releasing = false
+			return errors.Join(err, fmt.Errorf("%w: stream %d was destroyed while ReleaseStream waited for it", ErrInvalidStream, s))
+		}
+		if err != nil {
+			ss.releasing = false
+			if !a.streamGone(s) {
+				return err // nothing changed
+			}
+			a.vanish(ss)
+			if qerr := a.quiesce(); qerr != nil {
+				return fmt.Errorf("%w: stream %d was destroyed before ReleaseStream; its memory is held until the device is synchronized: %w", ErrInvalidStream, s, qerr)
+			}
+			return nil
+		}
+		for ss.retired < upTo && len(ss.queue) > 0 { // recorded on s before the wait: complete now
+			a.eventDone(ss)
+		}
+		if len(ss.queue) == 0 {
+			break
+		}
+	}
 	ss.releasing = false
-	if a.streams[s] != ss {
-		// Found destroyed meanwhile by another call (vanish): its memory
-		// waits for a device synchronize.
-		return errors.Join(err, fmt.Errorf("%w: stream %d was destroyed while ReleaseStream waited for it", ErrInvalidStream, s))
-	}
-	if err != nil {
-		if !a.streamGone(s) {
-			return err // nothing changed
-		}
-		a.vanish(ss)
-		if qerr := a.quiesce(); qerr != nil {
-			return fmt.Errorf("%w: stream %d was destroyed before ReleaseStream; its memory is held until the device is synchronized: %w", ErrInvalidStream, s, qerr)
-		}
-		return nil
-	}
-	for ss.retired < upTo && len(ss.queue) > 0 { // recorded on s before the wait: complete now
-		a.eventDone(ss)
-	}
 	return a.retire(ss)
 }
 
