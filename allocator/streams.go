@@ -19,7 +19,9 @@ import (
 //	   └─a driver call says it is gone─▶ vanished ──device synchronize──┘
 //
 //   - In use (Allocator.streams): Malloc may take its free blocks.
-//   - ReleaseStream(s) waits for s, completes the events recorded on it,
+//   - ReleaseStream(s) waits for s (without the mutex; s is releasing
+//     meanwhile, and calls that would use it fail), completes the events
+//     recorded on it before the wait,
 //     unmaps its free handles and destroys its free classic segments, and
 //     forgets its state. Memory of s that cannot be returned yet (blocks
 //     still allocated or pending, and the free rest of handles they share)

@@ -188,26 +188,42 @@ func benchDuringWait(b *testing.B, mode string) {
 // (each its own stream, so no block is shared): pairs/s over the whole
 // run, all goroutines together. One device mutex serialises both, so two
 // goroutines gain nothing while the critical section is the whole pair.
+// The control, allocators=2, gives each goroutine its own allocator (and
+// emulator): no shared lock or data, so its figure is what the machine
+// allows two goroutines at best.
 func BenchmarkMallocFreeTwoStreams(b *testing.B) {
-	for _, g := range []int{1, 2} {
-		b.Run(fmt.Sprintf("goroutines=%d", g), func(b *testing.B) {
-			a, e := newAllocator(b, "")
-			defer a.Close()
-			streams := make([]backend.Stream, g)
+	for _, c := range []struct{ goroutines, allocators int }{{1, 1}, {2, 1}, {2, 2}} {
+		name := fmt.Sprintf("goroutines=%d", c.goroutines)
+		if c.allocators > 1 {
+			name += fmt.Sprintf("/allocators=%d", c.allocators)
+		}
+		b.Run(name, func(b *testing.B) {
+			allocs := make([]*allocator.Allocator, c.goroutines)
+			streams := make([]backend.Stream, c.goroutines)
 			for i := range streams {
-				s, err := e.StreamCreate(0)
+				if i < c.allocators {
+					a, e := newAllocator(b, "")
+					defer a.Close()
+					allocs[i] = a
+					s, err := e.StreamCreate(0)
+					require.NoError(b, err)
+					streams[i] = s
+				} else {
+					allocs[i] = allocs[0]
+					s, err := allocs[0].Driver().StreamCreate(0)
+					require.NoError(b, err)
+					streams[i] = s
+				}
+				p, err := allocs[i].Malloc(4096, streams[i])
 				require.NoError(b, err)
-				streams[i] = s
-				p, err := a.Malloc(4096, s)
-				require.NoError(b, err)
-				require.NoError(b, a.Free(p))
+				require.NoError(b, allocs[i].Free(p))
 			}
 			var wg sync.WaitGroup
 			b.ResetTimer()
 			start := time.Now()
-			for _, s := range streams {
+			for i := range streams {
 				wg.Add(1)
-				go func(s backend.Stream) {
+				go func(a *allocator.Allocator, s backend.Stream) {
 					defer wg.Done()
 					for i := 0; i < b.N; i++ {
 						p, err := a.Malloc(4096, s)
@@ -219,10 +235,10 @@ func BenchmarkMallocFreeTwoStreams(b *testing.B) {
 							return
 						}
 					}
-				}(s)
+				}(allocs[i], streams[i])
 			}
 			wg.Wait()
-			b.ReportMetric(float64(g*b.N)/time.Since(start).Seconds(), "pairs/s")
+			b.ReportMetric(float64(c.goroutines*b.N)/time.Since(start).Seconds(), "pairs/s")
 		})
 	}
 }
