@@ -1,6 +1,7 @@
 package allocator
 
 import (
+	"errors"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -282,4 +283,110 @@ func TestCloseWaitsWithoutLock(t *testing.T) {
 	assert.ErrorIs(t, <-second, ErrClosed)
 	assert.ErrorIs(t, a.Close(), ErrClosed)
 	assert.Empty(t, d.Violations())
+}
+
+// TestReleaseStreamAndFreeFallbackUnderLoad runs, on held streams (work
+// stays pending until a synchronize), workers that launch work on their
+// blocks, record a shared side stream on them and free them, while
+// another goroutine releases the side stream again and again (it is
+// learnt again on its next use) and a third of event records fail, so
+// Free falls back to a wait. Every wait runs without the lock. The
+// emulator records any unmap or reuse of memory that pending work still
+// touches; there must be none, every error must be the documented one,
+// and the allocator's invariants must hold after.
+func TestReleaseStreamAndFreeFallbackUnderLoad(t *testing.T) {
+	e := newEmu(t, emulated.WithManualCompletion())
+	drv := &slowSyncDriver{Emulator: e, wait: 200 * time.Microsecond}
+	a, err := New(drv, DefaultConfig())
+	require.NoError(t, err)
+	defer a.Close()
+	require.NoError(t, e.FailRandom(backend.OpEventRecord, 0.3, 7, backend.ErrUnavailable))
+	side, err := e.StreamCreate(0)
+	require.NoError(t, err)
+	const workers = 3
+	var (
+		wg, workersWG sync.WaitGroup
+		stop          atomic.Bool
+		releases      atomic.Int64
+		errs          = make(chan error, 1000)
+	)
+	wg.Add(1)
+	go func() { // the releaser
+		defer wg.Done()
+		for !stop.Load() {
+			err := a.ReleaseStream(side)
+			if err != nil && !errors.Is(err, ErrInvalidStream) { // another call's use of side may race it
+				errs <- err
+			}
+			releases.Add(1)
+			time.Sleep(100 * time.Microsecond)
+		}
+	}()
+	for w := 0; w < workers; w++ {
+		s, err := e.StreamCreate(0)
+		require.NoError(t, err)
+		workersWG.Add(1)
+		go func(s backend.Stream) {
+			defer workersWG.Done()
+			for round := 0; round < 40; round++ {
+				var ptrs []uintptr
+				for i := 0; i < 4; i++ {
+					p, err := a.Malloc(uint64(1+i)<<19, s)
+					if err != nil {
+						errs <- err
+						return
+					}
+					if err := e.Launch(s, p, 4096); err != nil {
+						errs <- err
+						return
+					}
+					if err := a.RecordStream(p, side); err != nil {
+						if !errors.Is(err, ErrInvalidStream) { // side is being released
+							errs <- err
+						}
+					} else if err := e.Launch(side, p, 4096); err != nil {
+						errs <- err
+					}
+					ptrs = append(ptrs, p)
+				}
+				for _, p := range ptrs {
+					if err := a.Free(p); err != nil && !errors.Is(err, backend.ErrUnavailable) {
+						errs <- err
+					} else if err != nil {
+						if err := a.Free(p); err != nil && !errors.Is(err, backend.ErrUnavailable) { // retried
+							errs <- err
+						}
+					}
+				}
+				if round%8 == 0 {
+					if err := a.Synchronize(s); err != nil {
+						errs <- err
+					}
+				}
+			}
+		}(s)
+	}
+	finished := make(chan struct{})
+	go func() { workersWG.Wait(); close(finished) }()
+	select {
+	case <-finished:
+	case <-time.After(60 * time.Second):
+		t.Fatal("workers did not finish")
+	}
+	stop.Store(true)
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		require.NoError(t, err)
+	}
+	require.NoError(t, e.FailRandom(backend.OpEventRecord, 0, 0, backend.ErrUnavailable))
+	assert.Positive(t, releases.Load())
+	assert.Positive(t, e.Failures(backend.OpEventRecord), "some Free fell back to a wait")
+	assert.Empty(t, e.Violations(), "memory reused or unmapped under pending work")
+	require.NoError(t, a.Check())
+	require.NoError(t, e.CompleteAll())
+	require.NoError(t, a.EmptyCache())
+	assert.Zero(t, a.Stats().Active[stats.AllPools].Current)
+	assert.Empty(t, e.Violations())
+	require.NoError(t, a.Check())
 }
