@@ -81,6 +81,12 @@ var errNoDeviceSync = errors.New("vmmalloc: the driver cannot synchronize the de
 // again as a new stream. The default stream cannot be released
 // (ErrInvalidStream), nor a stream of another device.
 //
+// The wait runs without the allocator's lock: calls on other streams go
+// on meanwhile, and Malloc, RecordStream, Synchronize and ReleaseStream
+// on s fail with ErrInvalidStream until it returns. A block freed
+// meanwhile that was recorded on s (RecordStream before this call) is
+// freed after a second wait for s.
+//
 // If waiting for s fails, ReleaseStream returns the error and nothing
 // changes. If s was destroyed already, its memory is released after a
 // device synchronize where the driver can do one (see the package
