@@ -3,6 +3,7 @@ package benchmarks
 import (
 	"fmt"
 	"runtime"
+	"strings"
 	"slices"
 	"sync"
 	"testing"
@@ -38,7 +39,10 @@ func (d *slowSync) StreamSynchronize(s backend.Stream) error {
 //   - other=grow-wait: a growth whose defrag waits 20 ms for its stream
 //     (the stream's free handles are unmapped after a synchronize), then
 //     an EmptyCache that waits 20 ms again: the case of issue 10;
-//   - other=grow: the same calls with synchronizes that return at once,
+//   - other=release-wait: it allocates and frees two 20 MiB blocks on its
+//     stream and hands the stream back with ReleaseStream, whose
+//     synchronize takes 20 ms, twice;
+//   - other=grow: the growth's calls with synchronizes that return at once,
 //     then a 40 ms sleep outside the allocator: what is left is the
 //     driver calls (map, unmap, handle create and release) and the
 //     allocator's own work;
@@ -58,7 +62,7 @@ func (d *slowSync) StreamSynchronize(s backend.Stream) error {
 // With GOMAXPROCS=2 (the CI machine: 2 cores) the spinning measurer, the
 // other goroutine and the Go runtime share two threads.
 func BenchmarkMallocFreeDuringWait(b *testing.B) {
-	for _, mode := range []string{"grow-wait", "grow", "idle"} {
+	for _, mode := range []string{"grow-wait", "release-wait", "grow", "idle"} {
 		b.Run("other="+mode, func(b *testing.B) { benchDuringWait(b, mode) })
 	}
 }
@@ -67,7 +71,7 @@ func benchDuringWait(b *testing.B, mode string) {
 	e, err := emulated.New()
 	require.NoError(b, err)
 	drv := &slowSync{Emulator: e}
-	if mode == "grow-wait" {
+	if strings.HasSuffix(mode, "-wait") {
 		drv.wait = 20 * time.Millisecond
 	}
 	a, err := allocator.New(drv, allocator.DefaultConfig())
@@ -106,6 +110,20 @@ func benchDuringWait(b *testing.B, mode string) {
 		require.NoError(b, a.EmptyCache())
 	}
 	switch mode {
+	case "release-wait":
+		grow = func() {
+			for range 2 {
+				for i := range 2 {
+					q, err := a.Malloc(20*mib, slow)
+					require.NoError(b, err)
+					ptrs[i] = q
+				}
+				for i := range 2 {
+					require.NoError(b, a.Free(ptrs[i]))
+				}
+				require.NoError(b, a.ReleaseStream(slow))
+			}
+		}
 	case "grow":
 		calls := grow
 		grow = func() { calls(); time.Sleep(40 * time.Millisecond) }
