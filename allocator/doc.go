@@ -204,10 +204,11 @@
 // Cache-hit throughput does not grow with goroutines: Malloc and Free each
 // hold mu for all their work, so two goroutines on two streams take turns.
 // On the shared, loaded 2-core CI machine two goroutines on one allocator
-// made 1.14× the pairs of one goroutine, and two goroutines on two
-// allocators sharing nothing 0.90×: the machine, not the lock, bounded
-// it; the mutex profile shows under 1% of the run blocked on mu
-// (BenchmarkMallocFreeTwoStreams; figures in the README). A per-stream
+// made 1.14× and 1.39× the pairs of one goroutine (medians of two series
+// of runs), and two goroutines on two allocators sharing nothing 0.90×
+// and 1.01×: the machine, not the lock, bounded it; the mutex profile
+// shows under 1% of the run blocked on mu (BenchmarkMallocFreeTwoStreams;
+// figures in the README). A per-stream
 // lock for the cache hit would still take the heap's lock for the split
 // and the merge that every pair makes.
 package allocator
