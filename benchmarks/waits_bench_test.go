@@ -3,8 +3,8 @@ package benchmarks
 import (
 	"fmt"
 	"runtime"
-	"strings"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
