@@ -390,3 +390,66 @@ func TestReleaseStreamAndFreeFallbackUnderLoad(t *testing.T) {
 	assert.Empty(t, e.Violations())
 	require.NoError(t, a.Check())
 }
+
+// TestReleaseStreamDuringGrowthWait: ReleaseStream(s) while a Malloc on s
+// waits (without the lock) for s before unmapping s's free handles marked
+// Releasing: the release takes effect once that wait is done, the Malloc
+// fails with ErrInvalidStream or succeeds, and the invariants hold.
+func TestReleaseStreamDuringGrowthWait(t *testing.T) {
+	for _, c := range []struct {
+		name string
+		fail error
+	}{{"growth wait succeeds", nil}, {"growth wait fails", backend.ErrUnavailable}} {
+		t.Run(c.name, func(t *testing.T) {
+			d := newGateDriver(t, emulated.WithManualCompletion())
+			a, err := New(d, DefaultConfig())
+			require.NoError(t, err)
+			defer a.Close()
+			s, err := d.StreamCreate(0)
+			require.NoError(t, err)
+			var ptrs []uintptr
+			for i := 0; i < 8; i++ {
+				p, err := a.Malloc(20<<20, s)
+				require.NoError(t, err)
+				ptrs = append(ptrs, p)
+			}
+			for i := 0; i < len(ptrs); i += 2 {
+				require.NoError(t, a.Free(ptrs[i]))
+			}
+			d.hold(s, c.fail)
+			grown := make(chan error, 1)
+			go func() {
+				p, err := a.Malloc(100<<20, s) // defrag: waits for s with holes marked
+				if err == nil {
+					err = a.Free(p)
+				}
+				grown <- err
+			}()
+			<-d.entered
+			released := make(chan error, 1)
+			go func() { released <- a.ReleaseStream(s) }()
+			// ReleaseStream's own wait is not held: it returns while the
+			// growth still waits with s's holes marked Releasing.
+			require.NoError(t, within(t, "ReleaseStream", func() error { return <-released }))
+			d.release()
+			if err := <-grown; err != nil {
+				assert.ErrorIs(t, err, ErrInvalidStream)
+			}
+			require.NoError(t, a.Check())
+			s2, err := d.StreamCreate(0) // may reuse the released stream's state
+			require.NoError(t, err)
+			require.NoError(t, pairOn(a, s2)())
+			require.NoError(t, pairOn(a, s)()) // s kept alive: learnt again
+			require.NoError(t, a.Check())
+			for i := 1; i < len(ptrs); i += 2 {
+				require.NoError(t, a.Free(ptrs[i]))
+			}
+			require.NoError(t, a.Check())
+			require.NoError(t, a.EmptyCache())
+			assert.Zero(t, a.Stats().Active[stats.AllPools].Current)
+			assert.Zero(t, reserved(a))
+			assert.Empty(t, d.Violations())
+			require.NoError(t, a.Check())
+		})
+	}
+}
