@@ -34,6 +34,7 @@ type Allocator struct {
 	states   []*streamState                     // stream states by arena.StreamID; mu
 	segOf    []*seg                             // segments by arena.RegionID; mu
 	uses     map[arena.BlockID][]backend.Stream // other streams recorded on allocated blocks (RecordStream); mu
+	freeing  map[arena.BlockID]bool             // allocated blocks whose Free waits without mu (insertEvents); mu
 	streams  map[backend.Stream]*streamState    // validated streams in use; mu
 	idle     *streamState                       // owner of memory of released streams (see streams.go); mu
 	vanished map[backend.Stream]*streamState    // streams destroyed behind the allocator's back; mu
@@ -68,6 +69,11 @@ type streamState struct {
 	busyIdx int            // index in Allocator.busy while queue is not empty, else -1
 	freed   uint64         // blocks freed to this stream, ever (Synchronize's wait without the lock)
 	active  int            // Allocated and PendingFree blocks of this stream
+	retired uint64         // events of queue retired, ever (ReleaseStream completes only those queued before its wait)
+	// releasing: ReleaseStream is waiting for the stream without mu;
+	// stream() refuses it, so no Malloc, RecordStream or Synchronize
+	// starts on it, and it is never lastS.
+	releasing bool
 	// idle: an event recorded on the stream was found complete and no
 	// block has been freed to it since, so every block in its free lists
 	// may go to another stream (reclaim.go). Cleared by freeBlock.
@@ -324,6 +330,9 @@ func (a *Allocator) stream(s backend.Stream) (*streamState, error) {
 			return nil, err
 		}
 		a.streams[s] = ss
+	}
+	if ss.releasing { // never lastS (ReleaseStream cleared it)
+		return nil, fmt.Errorf("%w: stream %d is being released", ErrInvalidStream, s)
 	}
 	a.lastS = ss
 	return ss, nil
@@ -591,6 +600,9 @@ func (a *Allocator) RecordStream(ptr uintptr, s backend.Stream) error {
 	if b == arena.NoBlock {
 		return a.badPointer(ptr)
 	}
+	if a.freeing[b] {
+		return fmt.Errorf("%w: %#x is being freed by another call", ErrDoubleFree, ptr)
+	}
 	ss, err := a.stream(s)
 	if err != nil {
 		return err
@@ -680,9 +692,13 @@ func (a *Allocator) Close() error {
 	}
 	a.closed = true
 	var errs []error
+	// Every later call returns ErrClosed before it touches state, and no
+	// wait was in flight when closed was set, so nothing changes the
+	// streams while each synchronize runs without mu; another Close waits
+	// in quiesceWaits until this one returns.
 	for _, ss := range a.sortedStreams() {
 		a.counters.StreamSyncs++
-		if err := a.drv.StreamSynchronize(ss.stream); err != nil {
+		if err := a.waitUnlocked(func() error { return a.drv.StreamSynchronize(ss.stream) }); err != nil {
 			if !a.streamGone(ss.stream) {
 				errs = append(errs, err)
 				continue

@@ -211,6 +211,14 @@ func (a *Allocator) check() error {
 			return corrupt("heap stream %d holds blocks but its state is gone", sid)
 		}
 	}
+	if len(a.freeing) != 0 { // quiesceWaits: no Free waits without mu
+		return corrupt("%d blocks marked as being freed with no wait in flight", len(a.freeing))
+	}
+	for _, ss := range a.streams {
+		if ss.releasing {
+			return corrupt("stream %d marked releasing with no wait in flight", ss.stream)
+		}
+	}
 	queued, nBusy := 0, 0
 	var stateErr error
 	a.eachState(func(ss *streamState) {

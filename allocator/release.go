@@ -9,18 +9,25 @@ import (
 )
 
 // insertEvents records an event on every stream in uses (the streams
-// recorded on allocated block b), so b is reused
-// only once they complete. If recording fails on a stream, it falls back to
-// synchronising that stream; if that fails too, every event taken is given
-// back and the error returned with nothing changed. A stream the driver no
-// longer knows needs no event: a released one has no work left, and a
-// vanished one (destroyed without ReleaseStream) is waited for with a
-// device synchronize, or, where the driver cannot do one, b stays pending
-// (stranded) until Close. mu held.
+// recorded on allocated block b), so b is reused only once they complete.
+// Where recording fails on a stream, it falls back to synchronising that
+// stream; those waits run without mu (waitUnlocked), with b marked in
+// Allocator.freeing so that another Free or RecordStream of it meanwhile
+// fails with ErrDoubleFree. If a wait fails too, every event taken is
+// given back and the error returned with nothing changed. A stream the
+// driver no longer knows needs no event: a released one has no work
+// left, and a vanished one (destroyed without ReleaseStream) is waited for
+// with a device synchronize, or, where the driver cannot do one, b stays
+// pending (stranded) until Close. mu held (dropped while it waits).
 func (a *Allocator) insertEvents(b arena.BlockID, uses []backend.Stream) error {
+	if a.freeing[b] {
+		return fmt.Errorf("%w: %#x is being freed by another call", ErrDoubleFree, a.heap.Addr(b))
+	}
 	start := len(a.scratchEvents)
-	var err error
-	strand := false
+	var (
+		syncs  []backend.Stream // streams no event could be recorded on
+		recErr []error          // why, by syncs index
+	)
 	for _, u := range uses {
 		ev, e := a.getEvent()
 		if e == nil {
@@ -31,26 +38,50 @@ func (a *Allocator) insertEvents(b arena.BlockID, uses []backend.Stream) error {
 			}
 			a.events = append(a.events, ev)
 		}
-		// Could not record: wait for the stream instead.
-		a.counters.StreamSyncs++
-		e2 := a.drv.StreamSynchronize(u)
-		if e2 == nil {
-			continue
-		}
-		if a.streamGone(u) {
-			if ss, ok := a.streams[u]; ok {
-				a.vanish(ss)
-			}
-			if _, ok := a.vanished[u]; ok {
-				strand = true
-			}
-			continue // released: nothing in flight
-		}
-		err = errors.Join(e, e2)
-		break
+		syncs = append(syncs, u)
+		recErr = append(recErr, e)
 	}
 	recorded := a.scratchEvents[start:]
 	streams := a.scratchStreams[start:]
+	var err error
+	strand := false
+	if len(syncs) > 0 {
+		// Could not record: wait for those streams instead, without mu.
+		// The scratch slices are another goroutine's meanwhile.
+		recorded = append([]pendingEvent(nil), recorded...)
+		streams = append([]backend.Stream(nil), streams...)
+		a.scratchEvents = a.scratchEvents[:start]
+		a.scratchStreams = a.scratchStreams[:start]
+		if a.freeing == nil {
+			a.freeing = make(map[arena.BlockID]bool)
+		}
+		a.freeing[b] = true
+		waitErr := make([]error, len(syncs))
+		a.counters.StreamSyncs += int64(len(syncs))
+		_ = a.waitUnlocked(func() error {
+			for i, u := range syncs {
+				waitErr[i] = a.drv.StreamSynchronize(u)
+			}
+			return nil
+		})
+		delete(a.freeing, b)
+		for i, u := range syncs {
+			if waitErr[i] == nil {
+				continue
+			}
+			if a.streamGone(u) {
+				if ss, ok := a.streams[u]; ok {
+					a.vanish(ss)
+				}
+				if _, ok := a.vanished[u]; ok {
+					strand = true
+				}
+				continue // released: nothing in flight
+			}
+			err = errors.Join(recErr[i], waitErr[i])
+			break
+		}
+	}
 	if err != nil {
 		for _, pe := range recorded {
 			a.events = append(a.events, pe.ev)
@@ -95,6 +126,7 @@ func (a *Allocator) eventDone(ss *streamState) {
 	pe := ss.queue[0]
 	ss.queue[0] = pendingEvent{}
 	ss.queue = ss.queue[1:]
+	ss.retired++
 	if len(ss.queue) == 0 {
 		ss.queue = ss.queue[:0:0]
 		a.unbusy(ss)

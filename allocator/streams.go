@@ -19,7 +19,9 @@ import (
 //	   └─a driver call says it is gone─▶ vanished ──device synchronize──┘
 //
 //   - In use (Allocator.streams): Malloc may take its free blocks.
-//   - ReleaseStream(s) waits for s, completes the events recorded on it,
+//   - ReleaseStream(s) waits for s (without the mutex; s is releasing
+//     meanwhile, and calls that would use it fail), completes the events
+//     recorded on it before the wait,
 //     unmaps its free handles and destroys its free classic segments, and
 //     forgets its state. Memory of s that cannot be returned yet (blocks
 //     still allocated or pending, and the free rest of handles they share)
@@ -79,6 +81,12 @@ var errNoDeviceSync = errors.New("vmmalloc: the driver cannot synchronize the de
 // again as a new stream. The default stream cannot be released
 // (ErrInvalidStream), nor a stream of another device.
 //
+// The wait runs without the allocator's lock: calls on other streams go
+// on meanwhile, and Malloc, RecordStream, Synchronize and ReleaseStream
+// on s fail with ErrInvalidStream until it returns. A block freed
+// meanwhile that was recorded on s (RecordStream before this call) is
+// freed after a second wait for s.
+//
 // If waiting for s fails, ReleaseStream returns the error and nothing
 // changes. If s was destroyed already, its memory is released after a
 // device synchronize where the driver can do one (see the package
@@ -103,20 +111,51 @@ func (a *Allocator) ReleaseStream(s backend.Stream) error {
 		}
 		ss = a.streams[s]
 	}
-	a.counters.StreamSyncs++
-	if err := a.drv.StreamSynchronize(s); err != nil {
-		if !a.streamGone(s) {
-			return err
-		}
-		a.vanish(ss)
-		if qerr := a.quiesce(); qerr != nil {
-			return fmt.Errorf("%w: stream %d was destroyed before ReleaseStream; its memory is held until the device is synchronized: %w", ErrInvalidStream, s, qerr)
-		}
-		return nil
+	if ss.releasing {
+		return fmt.Errorf("%w: stream %d is being released by another ReleaseStream", ErrInvalidStream, s)
 	}
-	for len(ss.queue) > 0 { // recorded on s: complete now
-		a.eventDone(ss)
+	// Wait for s without mu. Meanwhile s is releasing: Malloc,
+	// RecordStream and Synchronize on it fail with ErrInvalidStream, and
+	// its free blocks stay in its free lists, which no other stream's
+	// Malloc takes. Only the events queued on s before a wait began are
+	// complete after it (retired counts them; processEvents may retire
+	// some meanwhile). A Free during the wait of a block recorded on s
+	// (RecordStream before this call) queues one more event: s is waited
+	// for again, so the state is forgotten with no event queued. Each
+	// such block queues at most one, so the loop ends.
+	ss.releasing = true
+	if a.lastS == ss {
+		a.lastS = nil // the fast path of stream() must not find it
 	}
+	for {
+		upTo := ss.retired + uint64(len(ss.queue))
+		a.counters.StreamSyncs++
+		err := a.waitUnlocked(func() error { return a.drv.StreamSynchronize(s) })
+		if a.streams[s] != ss {
+			// Found destroyed meanwhile by another call (vanish): its
+			// memory waits for a device synchronize.
+			ss.releasing = false
+			return errors.Join(err, fmt.Errorf("%w: stream %d was destroyed while ReleaseStream waited for it", ErrInvalidStream, s))
+		}
+		if err != nil {
+			ss.releasing = false
+			if !a.streamGone(s) {
+				return err // nothing changed
+			}
+			a.vanish(ss)
+			if qerr := a.quiesce(); qerr != nil {
+				return fmt.Errorf("%w: stream %d was destroyed before ReleaseStream; its memory is held until the device is synchronized: %w", ErrInvalidStream, s, qerr)
+			}
+			return nil
+		}
+		for ss.retired < upTo && len(ss.queue) > 0 { // recorded on s before the wait: complete now
+			a.eventDone(ss)
+		}
+		if len(ss.queue) == 0 {
+			break
+		}
+	}
+	ss.releasing = false
 	return a.retire(ss)
 }
 

@@ -2,7 +2,9 @@ package benchmarks
 
 import (
 	"fmt"
+	"runtime"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -30,19 +32,48 @@ func (d *slowSync) StreamSynchronize(s backend.Stream) error {
 }
 
 // BenchmarkMallocFreeDuringWait measures the latency of cache-hit
-// Malloc+Free pairs on one stream while another goroutine's growth on
-// another stream waits 20 ms for that stream (defrag before growth: the
-// stream's free handles are unmapped after a synchronize). Each iteration
-// is one such growth (and an EmptyCache, which waits again). The other
-// goroutine issues a pair every 50 µs throughout, open loop: a pair's
+// Malloc+Free pairs on one stream while another goroutine works on
+// another stream. Sub-benchmarks by what the other goroutine does per
+// iteration:
+//
+//   - other=grow-wait: a growth whose defrag waits 20 ms for its stream
+//     (the stream's free handles are unmapped after a synchronize), then
+//     an EmptyCache that waits 20 ms again: the case of issue 10;
+//   - other=release-wait: it allocates and frees two 20 MiB blocks on its
+//     stream and hands the stream back with ReleaseStream, whose
+//     synchronize takes 20 ms, twice;
+//   - other=grow: the growth's calls with synchronizes that return at once,
+//     then a 40 ms sleep outside the allocator: what is left is the
+//     driver calls (map, unmap, handle create and release) and the
+//     allocator's own work;
+//   - other=idle: it sleeps 40 ms and calls nothing: the control, what the
+//     machine itself (scheduler, timer, other processes) costs the
+//     measuring goroutine.
+//
+// The measuring goroutine issues a pair every 50 µs, open loop: a pair's
 // latency runs from when it was due, so pairs held up behind a stalled
-// lock all count (no coordinated omission). It reports p50, p99 and max
-// latency (p50-ns, p99-ns, max-ns) and waits/op, the synchronizes made,
-// to show the waits happened.
+// lock all count (no coordinated omission). It reports, over every pair,
+// p50, p99 and max of that latency (p50-ns, p99-ns, max-ns), p99 and max
+// of the pair's own duration, from its first call to its return
+// (svc-p99-ns, svc-max-ns: time waiting for the allocator's mutex counts
+// here, time the goroutine was not running before the pair does not),
+// the synchronizes made (waits/op) and the garbage collections during the
+// run (gc/op). The latency slice is allocated before the timer starts.
+// With GOMAXPROCS=2 (the CI machine: 2 cores) the spinning measurer, the
+// other goroutine and the Go runtime share two threads.
 func BenchmarkMallocFreeDuringWait(b *testing.B) {
+	for _, mode := range []string{"grow-wait", "release-wait", "grow", "idle"} {
+		b.Run("other="+mode, func(b *testing.B) { benchDuringWait(b, mode) })
+	}
+}
+
+func benchDuringWait(b *testing.B, mode string) {
 	e, err := emulated.New()
 	require.NoError(b, err)
-	drv := &slowSync{Emulator: e, wait: 20 * time.Millisecond}
+	drv := &slowSync{Emulator: e}
+	if strings.HasSuffix(mode, "-wait") {
+		drv.wait = 20 * time.Millisecond
+	}
 	a, err := allocator.New(drv, allocator.DefaultConfig())
 	require.NoError(b, err)
 	defer a.Close()
@@ -60,12 +91,12 @@ func BenchmarkMallocFreeDuringWait(b *testing.B) {
 	// finds mapped memory above its defrag limit and unmaps the holes,
 	// after synchronising the slow stream, before it grows.
 	const mib = 1 << 20
+	var ptrs [8]uintptr
 	grow := func() {
-		var ptrs []uintptr
-		for i := 0; i < 8; i++ {
+		for i := range ptrs {
 			q, err := a.Malloc(20*mib, slow)
 			require.NoError(b, err)
-			ptrs = append(ptrs, q)
+			ptrs[i] = q
 		}
 		for i := 0; i < len(ptrs); i += 2 {
 			require.NoError(b, a.Free(ptrs[i]))
@@ -78,17 +109,49 @@ func BenchmarkMallocFreeDuringWait(b *testing.B) {
 		}
 		require.NoError(b, a.EmptyCache())
 	}
+	switch mode {
+	case "release-wait":
+		grow = func() {
+			for range 2 {
+				for i := range 2 {
+					q, err := a.Malloc(20*mib, slow)
+					require.NoError(b, err)
+					ptrs[i] = q
+				}
+				for i := range 2 {
+					require.NoError(b, a.Free(ptrs[i]))
+				}
+				require.NoError(b, a.ReleaseStream(slow))
+			}
+		}
+	case "grow":
+		calls := grow
+		grow = func() { calls(); time.Sleep(40 * time.Millisecond) }
+	case "idle":
+		grow = func() { time.Sleep(40 * time.Millisecond) }
+	}
 
+	const period = 50 * time.Microsecond
+	// Each iteration takes about 40 ms with the waits (800 pairs); room
+	// for four times that, so that append never copies while measuring.
+	n := b.N*4*int(40*time.Millisecond/period) + 1024
 	var (
 		stop    = make(chan struct{})
 		wg      sync.WaitGroup
-		lat     []time.Duration
+		lat     = make([]time.Duration, 0, n)
+		svc     = make([]time.Duration, 0, n)
 		pairErr error
 	)
-	const period = 50 * time.Microsecond
+	var ms0, ms1 runtime.MemStats
+	runtime.GC()
+	runtime.ReadMemStats(&ms0)
+	syncs0 := a.Stats().NumStreamSyncs
+	started := make(chan struct{})
 	wg.Add(1)
+	b.ResetTimer()
 	go func() {
 		defer wg.Done()
+		close(started)
 		due := time.Now()
 		for {
 			select {
@@ -98,11 +161,14 @@ func BenchmarkMallocFreeDuringWait(b *testing.B) {
 			}
 			for time.Now().Before(due) { // spin: a sleep would overshoot
 			}
+			start := time.Now()
 			q, err := a.Malloc(4096, fast)
 			if err == nil {
 				err = a.Free(q)
 			}
-			lat = append(lat, time.Since(due))
+			end := time.Now()
+			lat = append(lat, end.Sub(due))
+			svc = append(svc, end.Sub(start))
 			if err != nil {
 				pairErr = err
 				return
@@ -110,23 +176,29 @@ func BenchmarkMallocFreeDuringWait(b *testing.B) {
 			due = due.Add(period)
 		}
 	}()
-	syncs0 := a.Stats().NumStreamSyncs
-	b.ResetTimer()
+	<-started
 	for i := 0; i < b.N; i++ {
 		grow()
 	}
-	b.StopTimer()
-	syncs := a.Stats().NumStreamSyncs - syncs0
 	close(stop)
 	wg.Wait()
+	b.StopTimer()
+	runtime.ReadMemStats(&ms1)
+	syncs := a.Stats().NumStreamSyncs - syncs0
 	require.NoError(b, pairErr)
 	require.NotEmpty(b, lat)
+	at := func(d []time.Duration, q float64) float64 {
+		return float64(d[int(q*float64(len(d)-1))].Nanoseconds())
+	}
 	slices.Sort(lat)
-	at := func(q float64) float64 { return float64(lat[int(q*float64(len(lat)-1))].Nanoseconds()) }
-	b.ReportMetric(at(0.50), "p50-ns")
-	b.ReportMetric(at(0.99), "p99-ns")
+	slices.Sort(svc)
+	b.ReportMetric(at(lat, 0.50), "p50-ns")
+	b.ReportMetric(at(lat, 0.99), "p99-ns")
 	b.ReportMetric(float64(lat[len(lat)-1].Nanoseconds()), "max-ns")
+	b.ReportMetric(at(svc, 0.99), "svc-p99-ns")
+	b.ReportMetric(float64(svc[len(svc)-1].Nanoseconds()), "svc-max-ns")
 	b.ReportMetric(float64(syncs)/float64(b.N), "waits/op")
+	b.ReportMetric(float64(ms1.NumGC-ms0.NumGC)/float64(b.N), "gc/op")
 }
 
 // BenchmarkMallocFreeTwoStreams measures cache-hit Malloc+Free throughput
@@ -134,26 +206,42 @@ func BenchmarkMallocFreeDuringWait(b *testing.B) {
 // (each its own stream, so no block is shared): pairs/s over the whole
 // run, all goroutines together. One device mutex serialises both, so two
 // goroutines gain nothing while the critical section is the whole pair.
+// The control, allocators=2, gives each goroutine its own allocator (and
+// emulator): no shared lock or data, so its figure is what the machine
+// allows two goroutines at best.
 func BenchmarkMallocFreeTwoStreams(b *testing.B) {
-	for _, g := range []int{1, 2} {
-		b.Run(fmt.Sprintf("goroutines=%d", g), func(b *testing.B) {
-			a, e := newAllocator(b, "")
-			defer a.Close()
-			streams := make([]backend.Stream, g)
+	for _, c := range []struct{ goroutines, allocators int }{{1, 1}, {2, 1}, {2, 2}} {
+		name := fmt.Sprintf("goroutines=%d", c.goroutines)
+		if c.allocators > 1 {
+			name += fmt.Sprintf("/allocators=%d", c.allocators)
+		}
+		b.Run(name, func(b *testing.B) {
+			allocs := make([]*allocator.Allocator, c.goroutines)
+			streams := make([]backend.Stream, c.goroutines)
 			for i := range streams {
-				s, err := e.StreamCreate(0)
+				if i < c.allocators {
+					a, e := newAllocator(b, "")
+					defer a.Close()
+					allocs[i] = a
+					s, err := e.StreamCreate(0)
+					require.NoError(b, err)
+					streams[i] = s
+				} else {
+					allocs[i] = allocs[0]
+					s, err := allocs[0].Driver().StreamCreate(0)
+					require.NoError(b, err)
+					streams[i] = s
+				}
+				p, err := allocs[i].Malloc(4096, streams[i])
 				require.NoError(b, err)
-				streams[i] = s
-				p, err := a.Malloc(4096, s)
-				require.NoError(b, err)
-				require.NoError(b, a.Free(p))
+				require.NoError(b, allocs[i].Free(p))
 			}
 			var wg sync.WaitGroup
 			b.ResetTimer()
 			start := time.Now()
-			for _, s := range streams {
+			for i := range streams {
 				wg.Add(1)
-				go func(s backend.Stream) {
+				go func(a *allocator.Allocator, s backend.Stream) {
 					defer wg.Done()
 					for i := 0; i < b.N; i++ {
 						p, err := a.Malloc(4096, s)
@@ -165,10 +253,10 @@ func BenchmarkMallocFreeTwoStreams(b *testing.B) {
 							return
 						}
 					}
-				}(s)
+				}(allocs[i], streams[i])
 			}
 			wg.Wait()
-			b.ReportMetric(float64(g*b.N)/time.Since(start).Seconds(), "pairs/s")
+			b.ReportMetric(float64(c.goroutines*b.N)/time.Since(start).Seconds(), "pairs/s")
 		})
 	}
 }

@@ -448,7 +448,10 @@ func (h *harness) recordOp(i int, s backend.Stream, launch bool) {
 	if after := h.e.CallCounts(); after != before {
 		h.fatalf("RecordStream called the driver")
 	}
-	if s != b.stream {
+	if s != b.stream || b.retired {
+		// A block of a stream released and kept belongs to the
+		// allocator's idle owner: the stream, learnt again, is another
+		// stream to it, so Free may wait for an event on it.
 		b.shared = true
 	}
 	if launch {
