@@ -350,6 +350,26 @@ func (a *Allocator) poolFor(n uint64) *pool {
 // stream; use RecordStream before using it on another stream.
 func (a *Allocator) Malloc(size uint64, stream backend.Stream) (uintptr, error) {
 	a.mu.Lock()
+	// The cache hit: the stream used last, no event to process, no
+	// history, a free block that fits. One lock round trip without defer:
+	// nothing between Lock and Unlock can panic.
+	if ss := a.lastS; ss != nil && !a.closed && a.pending == 0 && a.hist == nil && size-1 < a.total &&
+		(ss.stream == stream || stream == 0 && ss.stream == a.defaultS) {
+		rounded := a.roundSize(size)
+		p := a.poolFor(rounded)
+		maxSize, minSplit := a.fitLimits(p, rounded)
+		if b, addr, bsize := a.heap.AllocFit(ss.sid, uint8(p.idx), rounded, size, maxSize, minSplit); b != arena.NoBlock {
+			a.countAlloc(ss, p, bsize, size)
+			a.mu.Unlock()
+			return addr, nil
+		}
+	}
+	return a.mallocSlow(size, stream)
+}
+
+// mallocSlow is Malloc's general path: validation, events, growth, the
+// OOM ladder and history. mu held; it unlocks.
+func (a *Allocator) mallocSlow(size uint64, stream backend.Stream) (uintptr, error) {
 	defer a.mu.Unlock()
 	if a.closed {
 		return 0, ErrClosed
@@ -406,6 +426,32 @@ func (a *Allocator) bestFit(ss *streamState, p *pool, rounded uint64) (arena.Blo
 	return b, addr, size
 }
 
+// fitLimits are bestFit's and shouldSplit's rules as the bounds that
+// arena.Heap.AllocFit takes: the largest free block that may serve a
+// request of rounded bytes in p, and the smallest remainder split off.
+func (a *Allocator) fitLimits(p *pool, rounded uint64) (maxSize, minSplit uint64) {
+	if a.cfg.ExpandableSegments {
+		return math.MaxUint64, minBlockSize
+	}
+	maxSize = math.MaxUint64
+	if mss := a.cfg.MaxSplitSize; mss != 0 {
+		if rounded < mss {
+			maxSize = mss - 1
+		} else if lim := rounded + a.cfg.MaxNonSplitRounding; lim > rounded {
+			maxSize = lim - 1
+		}
+	}
+	switch {
+	case p.idx == smallIdx:
+		minSplit = minBlockSize
+	case a.cfg.MaxSplitSize == 0 || rounded < a.cfg.MaxSplitSize:
+		minSplit = smallSize + 1
+	default:
+		minSplit = math.MaxUint64 // never split
+	}
+	return maxSize, minSplit
+}
+
 func (a *Allocator) shouldSplit(p *pool, size, rounded uint64) bool {
 	rem := size - rounded
 	if p.idx == smallIdx || a.cfg.ExpandableSegments {
@@ -431,6 +477,13 @@ func (a *Allocator) allocFound(ss *streamState, p *pool, b arena.BlockID, bsize,
 	if err := a.heap.Alloc(b, bsize, size); err != nil {
 		return fmt.Errorf("%w: %w", ErrCorrupt, err)
 	}
+	a.countAlloc(ss, p, bsize, size)
+	return nil
+}
+
+// countAlloc counts a block of bsize bytes handed out on ss for a request
+// of size bytes. mu held.
+func (a *Allocator) countAlloc(ss *streamState, p *pool, bsize, size uint64) {
 	ss.active++
 	n := int64(bsize)
 	a.st.Allocation.Inc(p.kind, 1)
@@ -441,7 +494,6 @@ func (a *Allocator) allocFound(ss *streamState, p *pool, b arena.BlockID, bsize,
 	if a.cfg.MaxSplitSize != 0 && bsize >= a.cfg.MaxSplitSize {
 		a.st.OversizeAllocations.Add(1)
 	}
-	return nil
 }
 
 // Free returns ptr to the allocator. If other streams were recorded on it
@@ -449,6 +501,55 @@ func (a *Allocator) allocFound(ss *streamState, p *pool, b arena.BlockID, bsize,
 // those streams now have completed. On error nothing changes.
 func (a *Allocator) Free(ptr uintptr) error {
 	a.mu.Lock()
+	// The common case: no stream recorded on any block, no history, no
+	// event on this one. One lock round trip without defer.
+	if len(a.uses) == 0 && a.hist == nil && !a.closed {
+		if pk, ok := a.heap.FreeAt(ptr); ok {
+			ss := a.countFree(pk)
+			if ss == a.idle {
+				return a.releaseIdleUnlock()
+			}
+			a.mu.Unlock()
+			return nil
+		}
+	}
+	return a.freeSlow(ptr)
+}
+
+// releaseIdleUnlock gives back the memory freed to the idle owner (see
+// freeBlockPeek). mu held; it unlocks.
+func (a *Allocator) releaseIdleUnlock() error {
+	defer a.mu.Unlock()
+	_ = a.releaseIdle()
+	return nil
+}
+
+// countFree counts the free of Allocated block pk (no events; the heap
+// has freed it) and returns its stream's state. mu held.
+func (a *Allocator) countFree(pk arena.Peek) *streamState {
+	ss := a.lastS // usually the stream just used
+	if ss == nil || ss.sid != pk.Stream {
+		ss = a.states[pk.Stream]
+	}
+	p := &a.pools[pk.Pool]
+	n := int64(pk.Size)
+	a.st.Allocation.Dec(p.kind, 1)
+	a.st.AllocatedBytes.Dec(p.kind, n)
+	if a.cfg.MaxSplitSize != 0 && pk.Size >= a.cfg.MaxSplitSize {
+		a.st.OversizeAllocations.Add(-1)
+	}
+	ss.idle = false
+	ss.active--
+	ss.freed++
+	a.st.Active.Dec(p.kind, 1)
+	a.st.ActiveBytes.Dec(p.kind, n)
+	a.st.RequestedBytes.Dec(p.kind, int64(pk.Requested))
+	return ss
+}
+
+// freeSlow is Free's general path: bad pointers, recorded streams,
+// events, history. mu held; it unlocks.
+func (a *Allocator) freeSlow(ptr uintptr) error {
 	defer a.mu.Unlock()
 	if a.closed {
 		return ErrClosed

@@ -331,6 +331,21 @@ func (t *addrTable) get(h *Heap, addr uintptr) BlockID {
 	}
 }
 
+// find is get that also returns the slot of the block found (the slot
+// where the probe stopped when none is).
+func (t *addrTable) find(h *Heap, addr uintptr) (int, BlockID) {
+	if t.n == 0 {
+		return 0, NoBlock
+	}
+	mask := len(t.slots) - 1
+	for i := t.home(addr); ; i = (i + 1) & mask {
+		id := t.slots[i]
+		if id == NoBlock || h.rec(id).addr == addr {
+			return i, id
+		}
+	}
+}
+
 // put inserts id, whose address addr is not in the table.
 func (t *addrTable) put(h *Heap, id BlockID, addr uintptr) {
 	if t.slots == nil {
@@ -368,6 +383,14 @@ func (t *addrTable) remove(h *Heap, id BlockID, addr uintptr) bool {
 		}
 		i = (i + 1) & mask
 	}
+	t.removeAt(h, i)
+	return true
+}
+
+// removeAt empties occupied slot i, shifting back the entries after it
+// that probed past it.
+func (t *addrTable) removeAt(h *Heap, i int) {
+	mask := len(t.slots) - 1
 	for j := (i + 1) & mask; t.slots[j] != NoBlock; j = (j + 1) & mask {
 		home := t.home(h.rec(t.slots[j]).addr)
 		if (j > i && (home <= i || home > j)) || (j < i && home <= i && home > j) {
@@ -377,5 +400,4 @@ func (t *addrTable) remove(h *Heap, id BlockID, addr uintptr) bool {
 	}
 	t.slots[i] = NoBlock
 	t.n--
-	return true
 }
