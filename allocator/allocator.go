@@ -435,11 +435,13 @@ func (a *Allocator) fitLimits(p *pool, rounded uint64) (maxSize, minSplit uint64
 	}
 	maxSize = math.MaxUint64
 	if mss := a.cfg.MaxSplitSize; mss != 0 {
-		if rounded < mss {
-			maxSize = mss - 1
-		} else if lim := rounded + a.cfg.MaxNonSplitRounding; lim > rounded {
-			maxSize = lim - 1
+		// bestFit refuses a block of size >= lim, computed as it does
+		// (with MaxNonSplitRounding 0, every block).
+		lim := mss
+		if rounded >= mss {
+			lim = rounded + a.cfg.MaxNonSplitRounding
 		}
+		maxSize = max(lim, 1) - 1
 	}
 	switch {
 	case p.idx == smallIdx:
