@@ -487,12 +487,7 @@ func (a *Allocator) allocFound(ss *streamState, p *pool, b arena.BlockID, bsize,
 // of size bytes. mu held.
 func (a *Allocator) countAlloc(ss *streamState, p *pool, bsize, size uint64) {
 	ss.active++
-	n := int64(bsize)
-	a.st.Allocation.Inc(p.kind, 1)
-	a.st.AllocatedBytes.Inc(p.kind, n)
-	a.st.Active.Inc(p.kind, 1)
-	a.st.ActiveBytes.Inc(p.kind, n)
-	a.st.RequestedBytes.Inc(p.kind, int64(size))
+	a.st.CountMalloc(p.kind, int64(bsize), int64(size))
 	if a.cfg.MaxSplitSize != 0 && bsize >= a.cfg.MaxSplitSize {
 		a.st.OversizeAllocations.Add(1)
 	}
@@ -533,19 +528,13 @@ func (a *Allocator) countFree(pk arena.Peek) *streamState {
 	if ss == nil || ss.sid != pk.Stream {
 		ss = a.states[pk.Stream]
 	}
-	p := &a.pools[pk.Pool]
-	n := int64(pk.Size)
-	a.st.Allocation.Dec(p.kind, 1)
-	a.st.AllocatedBytes.Dec(p.kind, n)
+	a.st.CountFree(a.pools[pk.Pool].kind, int64(pk.Size), int64(pk.Requested))
 	if a.cfg.MaxSplitSize != 0 && pk.Size >= a.cfg.MaxSplitSize {
 		a.st.OversizeAllocations.Add(-1)
 	}
 	ss.idle = false
 	ss.active--
 	ss.freed++
-	a.st.Active.Dec(p.kind, 1)
-	a.st.ActiveBytes.Dec(p.kind, n)
-	a.st.RequestedBytes.Dec(p.kind, int64(pk.Requested))
 	return ss
 }
 
