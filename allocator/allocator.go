@@ -24,6 +24,9 @@ type Allocator struct {
 	total   uint64 // device capacity, nbytes
 	gran    uint64 // driver MINIMUM granularity: the unit of mapping, nbytes
 	allowed uint64 // reserved-memory cap from the memory fraction, nbytes
+	// plainRound: no roundup_power2_divisions bucket above 1, so
+	// roundSize is rounding up to 512 bytes. Set by New.
+	plainRound bool
 
 	mu       sync.Mutex
 	quiet    sync.Cond                          // signalled (L = &mu) when inflight drops to 0
@@ -154,6 +157,10 @@ func New(drv backend.Driver, cfg Config) (*Allocator, error) {
 		vanished: make(map[backend.Stream]*streamState),
 	}
 	a.quiet.L = &a.mu
+	a.plainRound = true
+	for _, d := range cfg.RoundupPower2Divisions {
+		a.plainRound = a.plainRound && d <= 1
+	}
 	if a.idle, err = a.newStreamState(idleStream); err != nil {
 		return nil, err
 	}
@@ -355,7 +362,11 @@ func (a *Allocator) Malloc(size uint64, stream backend.Stream) (uintptr, error) 
 	// nothing between Lock and Unlock can panic.
 	if ss := a.lastS; ss != nil && !a.closed && a.pending == 0 && a.hist == nil && size-1 < a.total &&
 		(ss.stream == stream || stream == 0 && ss.stream == a.defaultS) {
-		rounded := a.roundSize(size)
+		// Wraps to 0 only within 511 bytes of 2^64, which AllocFit refuses.
+		rounded := (size + minBlockSize - 1) &^ (minBlockSize - 1)
+		if !a.plainRound {
+			rounded = a.roundSize(size)
+		}
 		p := a.poolFor(rounded)
 		maxSize, minSplit := a.fitLimits(p, rounded)
 		if b, addr, bsize := a.heap.AllocFit(ss.sid, uint8(p.idx), rounded, size, maxSize, minSplit); b != arena.NoBlock {

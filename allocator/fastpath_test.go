@@ -108,3 +108,26 @@ func slowBase(a *Allocator) uintptr {
 	}
 	return a.segs[0].base
 }
+
+// TestPlainRoundIsRoundSize checks the cache hit's shortcut for rounding:
+// without roundup_power2_divisions, roundSize rounds up to 512 bytes.
+func TestPlainRoundIsRoundSize(t *testing.T) {
+	for _, c := range []struct {
+		conf  string
+		plain bool
+	}{
+		{"", true},
+		{"roundup_power2_divisions:1", true},
+		{"roundup_power2_divisions:4", false},
+		{"roundup_power2_divisions:[256:1,512:2,>:1]", false},
+	} {
+		a, _ := newAlloc(t, c.conf)
+		assert.Equal(t, c.plain, a.plainRound, c.conf)
+		if !a.plainRound {
+			continue
+		}
+		for _, n := range []uint64{1, 511, 512, 513, 1<<20 - 1, 1 << 20, 1<<20 + 1, 300<<20 + 7, 1<<30 + 3} {
+			assert.Equal(t, a.roundSize(n), (n+minBlockSize-1)&^(minBlockSize-1), "%s %d", c.conf, n)
+		}
+	}
+}

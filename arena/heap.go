@@ -213,6 +213,17 @@ func (h *Heap) newRec() (BlockID, *block) {
 	return id, h.rec(id)
 }
 
+// newRecUnzeroed is newRec for a caller that sets the whole record.
+func (h *Heap) newRecUnzeroed() (BlockID, *block) {
+	if id := h.freeRec; id != NoBlock {
+		h.used++
+		b := h.rec(id)
+		h.freeRec = b.next
+		return id, b
+	}
+	return h.newRec()
+}
+
 // freeRecord recycles the record of id, which is in no index.
 func (h *Heap) freeRecord(id BlockID, b *block) {
 	if b.stream != 0 {

@@ -60,7 +60,7 @@ func (h *Heap) AllocFit(sid StreamID, pool uint8, n, requested, maxSize, minSpli
 	}
 	addr := b.addr
 	c := classOf(size)
-	inPlace := h.fitsSlot(id, b, c, size-n, addr+uintptr(n))
+	inPlace := h.fitsSlotSmaller(id, b, c, size-n, addr+uintptr(n))
 	if !inPlace {
 		h.remove(l, id, b)
 	}
@@ -85,7 +85,7 @@ func (h *Heap) AllocFit(sid StreamID, pool uint8, n, requested, maxSize, minSpli
 // index for the new key), and returns the new lower block: a record with
 // b's state and stream, in no index. room has been checked.
 func (h *Heap) splitBelow(id BlockID, b *block, k uint64) BlockID {
-	lid, lo := h.newRec()
+	lid, lo := h.newRecUnzeroed()
 	*lo = block{
 		addr:   b.addr,
 		size:   k,
@@ -160,7 +160,7 @@ func (h *Heap) mergeFreed(id BlockID, b *block) {
 		h.leave(nx)
 	}
 	size := nx.size + b.size
-	if c := classOf(nx.size); h.fitsSlot(nid, nx, c, size, b.addr) {
+	if c := classOf(nx.size); h.fitsSlotLarger(nid, nx, c, size, b.addr) {
 		l.bytes += b.size
 		h.absorbBelow(nid, nx, id, b)
 	} else {
@@ -185,4 +185,32 @@ func (h *Heap) absorbBelow(nid BlockID, nx *block, id BlockID, b *block) {
 		h.regions[b.region].head = nid
 	}
 	h.freeRecord(id, b)
+}
+
+// fitsSlotSmaller is fitsSlot for a key (size, addr) that orders before
+// the key of listed block id (record b, class c): only its predecessor can
+// be out of order.
+func (h *Heap) fitsSlotSmaller(id BlockID, b *block, c int, size uint64, addr uintptr) bool {
+	if classOf(size) != c {
+		return false
+	}
+	if b.up == 0 && b.aux == 0 {
+		return true // alone in its class
+	}
+	p := h.pred(id, b)
+	return p == NoBlock || lessThanKey(h.rec(p), size, addr)
+}
+
+// fitsSlotLarger is fitsSlot for a key (size, addr) that orders after the
+// key of listed block id (record b, class c): only its successor can be
+// out of order.
+func (h *Heap) fitsSlotLarger(id BlockID, b *block, c int, size uint64, addr uintptr) bool {
+	if classOf(size) != c {
+		return false
+	}
+	if b.up == 0 && b.aux == 0 {
+		return true // alone in its class
+	}
+	n := h.succ(id, b)
+	return n == NoBlock || lessKey(size, addr, h.rec(n))
 }
