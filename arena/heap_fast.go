@@ -59,12 +59,11 @@ func (h *Heap) AllocFit(sid StreamID, pool uint8, n, requested, maxSize, minSpli
 		h.leave(b)
 	}
 	addr := b.addr
-	c := classOf(size)
-	inPlace := h.fitsSlotSmaller(id, b, c, size-n, addr+uintptr(n))
+	inPlace := h.fitsSlotSmaller(id, b, size-n, addr+uintptr(n))
 	if !inPlace {
 		h.remove(l, id, b)
 	}
-	aid := h.splitBelow(id, b, n)
+	aid, a := h.splitBelow(id, b, n)
 	if inPlace {
 		l.bytes -= n
 	} else {
@@ -73,7 +72,6 @@ func (h *Heap) AllocFit(sid StreamID, pool uint8, n, requested, maxSize, minSpli
 	if h.splitHook != nil {
 		h.enter(b)
 	}
-	a := h.rec(aid)
 	a.state = Allocated
 	a.aux = requested
 	h.live.put(h, aid, addr)
@@ -84,7 +82,7 @@ func (h *Heap) AllocFit(sid StreamID, pool uint8, n, requested, maxSize, minSpli
 // record, its state and its place in any index (the caller fixes the
 // index for the new key), and returns the new lower block: a record with
 // b's state and stream, in no index. room has been checked.
-func (h *Heap) splitBelow(id BlockID, b *block, k uint64) BlockID {
+func (h *Heap) splitBelow(id BlockID, b *block, k uint64) (BlockID, *block) {
 	lid, lo := h.newRecUnzeroed()
 	*lo = block{
 		addr:   b.addr,
@@ -107,7 +105,7 @@ func (h *Heap) splitBelow(id BlockID, b *block, k uint64) BlockID {
 	if b.stream != 0 {
 		h.streams[b.stream].blocks++
 	}
-	return lid
+	return lid, lo
 }
 
 // FreeAt frees the Allocated block starting at addr if no event is
@@ -120,11 +118,10 @@ func (h *Heap) splitBelow(id BlockID, b *block, k uint64) BlockID {
 // When the block merges with a Free upper neighbour only, that neighbour
 // keeps its record and the freed block's record is recycled.
 func (h *Heap) FreeAt(addr uintptr) (p Peek, ok bool) {
-	i, id := h.live.find(h, addr)
+	i, id, b := h.live.find(h, addr)
 	if id == NoBlock {
 		return Peek{}, false
 	}
-	b := h.rec(id)
 	if b.up != 0 {
 		return Peek{}, false
 	}
@@ -141,9 +138,12 @@ func (h *Heap) FreeAt(addr uintptr) (p Peek, ok bool) {
 // split-then-merge-back cycle of AllocFit undone without treap changes
 // when the neighbour's slot still fits its new key).
 func (h *Heap) mergeFreed(id BlockID, b *block) {
-	if b.prev != NoBlock && mergeable(h.rec(b.prev), b.stream) {
-		h.coalesceInsert(id, b)
-		return
+	var prev *block // b's lower neighbour, if any
+	if b.prev != NoBlock {
+		if prev = h.rec(b.prev); mergeable(prev, b.stream) {
+			h.coalesceInsert(id, b)
+			return
+		}
 	}
 	nid := b.next
 	if nid == NoBlock {
@@ -160,12 +160,12 @@ func (h *Heap) mergeFreed(id BlockID, b *block) {
 		h.leave(nx)
 	}
 	size := nx.size + b.size
-	if c := classOf(nx.size); h.fitsSlotLarger(nid, nx, c, size, b.addr) {
+	if h.fitsSlotLarger(nid, nx, size, b.addr) {
 		l.bytes += b.size
-		h.absorbBelow(nid, nx, id, b)
+		h.absorbBelow(nid, nx, id, b, prev)
 	} else {
 		h.remove(l, nid, nx)
-		h.absorbBelow(nid, nx, id, b)
+		h.absorbBelow(nid, nx, id, b, prev)
 		h.insert(l, nid, nx)
 	}
 	if h.splitHook != nil {
@@ -174,13 +174,14 @@ func (h *Heap) mergeFreed(id BlockID, b *block) {
 }
 
 // absorbBelow merges b, the lower neighbour of nx and in no index, into
-// nx, and recycles b's record.
-func (h *Heap) absorbBelow(nid BlockID, nx *block, id BlockID, b *block) {
+// nx, and recycles b's record; prev is the record of b's lower neighbour
+// (nil when none).
+func (h *Heap) absorbBelow(nid BlockID, nx *block, id BlockID, b, prev *block) {
 	nx.addr = b.addr
 	nx.size += b.size
 	nx.prev = b.prev
-	if b.prev != NoBlock {
-		h.rec(b.prev).next = nid
+	if prev != nil {
+		prev.next = nid
 	} else {
 		h.regions[b.region].head = nid
 	}
@@ -188,10 +189,10 @@ func (h *Heap) absorbBelow(nid BlockID, nx *block, id BlockID, b *block) {
 }
 
 // fitsSlotSmaller is fitsSlot for a key (size, addr) that orders before
-// the key of listed block id (record b, class c): only its predecessor can
-// be out of order.
-func (h *Heap) fitsSlotSmaller(id BlockID, b *block, c int, size uint64, addr uintptr) bool {
-	if classOf(size) != c {
+// the key of listed block id (record b): only its predecessor can be out
+// of order.
+func (h *Heap) fitsSlotSmaller(id BlockID, b *block, size uint64, addr uintptr) bool {
+	if !sameClass(size, b.size) {
 		return false
 	}
 	if b.up == 0 && b.aux == 0 {
@@ -202,10 +203,10 @@ func (h *Heap) fitsSlotSmaller(id BlockID, b *block, c int, size uint64, addr ui
 }
 
 // fitsSlotLarger is fitsSlot for a key (size, addr) that orders after the
-// key of listed block id (record b, class c): only its successor can be
-// out of order.
-func (h *Heap) fitsSlotLarger(id BlockID, b *block, c int, size uint64, addr uintptr) bool {
-	if classOf(size) != c {
+// key of listed block id (record b): only its successor can be out of
+// order.
+func (h *Heap) fitsSlotLarger(id BlockID, b *block, size uint64, addr uintptr) bool {
+	if !sameClass(size, b.size) {
 		return false
 	}
 	if b.up == 0 && b.aux == 0 {

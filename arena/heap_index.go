@@ -331,17 +331,20 @@ func (t *addrTable) get(h *Heap, addr uintptr) BlockID {
 	}
 }
 
-// find is get that also returns the slot of the block found (the slot
-// where the probe stopped when none is).
-func (t *addrTable) find(h *Heap, addr uintptr) (int, BlockID) {
+// find is get that also returns the slot and the record of the block
+// found (NoBlock, nil when none).
+func (t *addrTable) find(h *Heap, addr uintptr) (int, BlockID, *block) {
 	if t.n == 0 {
-		return 0, NoBlock
+		return 0, NoBlock, nil
 	}
 	mask := len(t.slots) - 1
 	for i := t.home(addr); ; i = (i + 1) & mask {
 		id := t.slots[i]
-		if id == NoBlock || h.rec(id).addr == addr {
-			return i, id
+		if id == NoBlock {
+			return i, NoBlock, nil
+		}
+		if b := h.rec(id); b.addr == addr {
+			return i, id, b
 		}
 	}
 }
