@@ -192,21 +192,22 @@ func (h *Heap) maxNode(id BlockID) BlockID {
 
 // firstAbove is the smallest block of the first non-empty class above c.
 func (h *Heap) firstAbove(l *tlsfIndex, c int) BlockID {
-	fl, sl := c/slCount, c%slCount
-	if sl+1 < slCount {
-		if m := l.slMap[fl] &^ (1<<uint(sl+1) - 1); m != 0 {
-			return h.minNode(l.roots[fl*slCount+bits.TrailingZeros16(m)])
-		}
-	}
-	if fl+1 >= flCount {
+	fl, sl := uint(c)/slCount, uint(c)%slCount // c ≥ 0: shifts and masks
+	if fl >= flCount {
 		return NoBlock
 	}
-	m := l.flMap &^ (1<<uint(fl+1) - 1)
+	if m := l.slMap[fl] &^ (1<<(sl+1) - 1); m != 0 { // a 16-bit map: empty when sl is the last class
+		return h.minNode(l.roots[fl*slCount+uint(bits.TrailingZeros16(m))])
+	}
+	m := l.flMap &^ (1<<(fl+1) - 1)
 	if m == 0 {
 		return NoBlock
 	}
-	f := bits.TrailingZeros64(m)
-	return h.minNode(l.roots[f*slCount+bits.TrailingZeros16(l.slMap[f])])
+	f := uint(bits.TrailingZeros64(m))
+	if f >= flCount { // never: flMap has no bit at or above flCount
+		return NoBlock
+	}
+	return h.minNode(l.roots[f*slCount+uint(bits.TrailingZeros16(l.slMap[f]))])
 }
 
 // succ is the in-order successor of id (record b) within its class
