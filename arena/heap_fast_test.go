@@ -1,6 +1,7 @@
 package arena
 
 import (
+	"fmt"
 	"math"
 	"testing"
 
@@ -121,4 +122,20 @@ func dumpHeap(h *Heap) []BlockInfo {
 		return true
 	})
 	return out
+}
+
+func ExampleHeap_AllocFit() {
+	h, _ := NewHeap(1)
+	s, _ := h.AddStream(1)
+	_, rest, _ := h.AddRegion(0x7f0000000000, 1<<20, 0, Free, s)
+	// Best fit for 4 KiB, any block size, split off rests of 512 bytes
+	// or more: the cache-hit Malloc.
+	id, addr, n := h.AllocFit(s, 0, 4096, 4000, math.MaxUint64, 512)
+	fmt.Printf("allocated %#x+%d; the rest keeps its record: %#x+%d\n", addr, n, h.Addr(rest), h.Size(rest))
+	// The cache-hit Free: the block merges back into the rest.
+	p, ok := h.FreeAt(addr)
+	fmt.Println(ok, p.Size, p.Requested, h.State(id) == Free, h.Size(rest), h.Len(), h.Check())
+	// Output:
+	// allocated 0x7f0000000000+4096; the rest keeps its record: 0x7f0000001000+1044480
+	// true 4096 4000 false 1048576 1 <nil>
 }
