@@ -24,6 +24,9 @@ type Allocator struct {
 	total   uint64 // device capacity, nbytes
 	gran    uint64 // driver MINIMUM granularity: the unit of mapping, nbytes
 	allowed uint64 // reserved-memory cap from the memory fraction, nbytes
+	// plainRound: no roundup_power2_divisions bucket above 1, so
+	// roundSize is rounding up to 512 bytes. Set by New.
+	plainRound bool
 
 	mu       sync.Mutex
 	quiet    sync.Cond                          // signalled (L = &mu) when inflight drops to 0
@@ -169,6 +172,10 @@ func New(drv backend.Driver, cfg Config) (*Allocator, error) {
 		vanished: make(map[backend.Stream]*streamState),
 	}
 	a.quiet.L = &a.mu
+	a.plainRound = true
+	for _, d := range cfg.RoundupPower2Divisions {
+		a.plainRound = a.plainRound && d <= 1
+	}
 	if a.idle, err = a.newStreamState(idleStream); err != nil {
 		return nil, err
 	}
@@ -372,6 +379,30 @@ func (a *Allocator) poolFor(n uint64) *pool {
 // stream; use RecordStream before using it on another stream.
 func (a *Allocator) Malloc(size uint64, stream backend.Stream) (uintptr, error) {
 	a.mu.Lock()
+	// The cache hit: the stream used last, no event to process, no
+	// history, a free block that fits. One lock round trip without defer:
+	// nothing between Lock and Unlock can panic.
+	if ss := a.lastS; ss != nil && !a.closed && a.pending == 0 && a.hist == nil && size-1 < a.total &&
+		(ss.stream == stream || stream == 0 && ss.stream == a.defaultS) {
+		// Wraps to 0 only within 511 bytes of 2^64, which AllocFit refuses.
+		rounded := (size + minBlockSize - 1) &^ (minBlockSize - 1)
+		if !a.plainRound {
+			rounded = a.roundSize(size)
+		}
+		p := a.poolFor(rounded)
+		maxSize, minSplit := a.fitLimits(p, rounded)
+		if b, addr, bsize := a.heap.AllocFit(ss.sid, uint8(p.idx), rounded, size, maxSize, minSplit); b != arena.NoBlock {
+			a.countAlloc(ss, p, bsize, size)
+			a.mu.Unlock()
+			return addr, nil
+		}
+	}
+	return a.mallocSlow(size, stream)
+}
+
+// mallocSlow is Malloc's general path: validation, events, growth, the
+// OOM ladder and history. mu held; it unlocks.
+func (a *Allocator) mallocSlow(size uint64, stream backend.Stream) (uintptr, error) {
 	defer a.mu.Unlock()
 	if a.closed {
 		return 0, ErrClosed
@@ -428,6 +459,34 @@ func (a *Allocator) bestFit(ss *streamState, p *pool, rounded uint64) (arena.Blo
 	return b, addr, size
 }
 
+// fitLimits are bestFit's and shouldSplit's rules as the bounds that
+// arena.Heap.AllocFit takes: the largest free block that may serve a
+// request of rounded bytes in p, and the smallest remainder split off.
+func (a *Allocator) fitLimits(p *pool, rounded uint64) (maxSize, minSplit uint64) {
+	if a.cfg.ExpandableSegments {
+		return math.MaxUint64, minBlockSize
+	}
+	maxSize = math.MaxUint64
+	if mss := a.cfg.MaxSplitSize; mss != 0 {
+		// bestFit refuses a block of size >= lim, computed as it does
+		// (with MaxNonSplitRounding 0, every block).
+		lim := mss
+		if rounded >= mss {
+			lim = rounded + a.cfg.MaxNonSplitRounding
+		}
+		maxSize = max(lim, 1) - 1
+	}
+	switch {
+	case p.idx == smallIdx:
+		minSplit = minBlockSize
+	case a.cfg.MaxSplitSize == 0 || rounded < a.cfg.MaxSplitSize:
+		minSplit = smallSize + 1
+	default:
+		minSplit = math.MaxUint64 // never split
+	}
+	return maxSize, minSplit
+}
+
 func (a *Allocator) shouldSplit(p *pool, size, rounded uint64) bool {
 	rem := size - rounded
 	if p.idx == smallIdx || a.cfg.ExpandableSegments {
@@ -453,17 +512,18 @@ func (a *Allocator) allocFound(ss *streamState, p *pool, b arena.BlockID, bsize,
 	if err := a.heap.Alloc(b, bsize, size); err != nil {
 		return fmt.Errorf("%w: %w", ErrCorrupt, err)
 	}
+	a.countAlloc(ss, p, bsize, size)
+	return nil
+}
+
+// countAlloc counts a block of bsize bytes handed out on ss for a request
+// of size bytes. mu held.
+func (a *Allocator) countAlloc(ss *streamState, p *pool, bsize, size uint64) {
 	ss.active++
-	n := int64(bsize)
-	a.st.Allocation.Inc(p.kind, 1)
-	a.st.AllocatedBytes.Inc(p.kind, n)
-	a.st.Active.Inc(p.kind, 1)
-	a.st.ActiveBytes.Inc(p.kind, n)
-	a.st.RequestedBytes.Inc(p.kind, int64(size))
+	a.st.CountMalloc(p.kind, int64(bsize), int64(size))
 	if a.cfg.MaxSplitSize != 0 && bsize >= a.cfg.MaxSplitSize {
 		a.st.OversizeAllocations.Add(1)
 	}
-	return nil
 }
 
 // Free returns ptr to the allocator. If other streams were recorded on it
@@ -471,6 +531,49 @@ func (a *Allocator) allocFound(ss *streamState, p *pool, b arena.BlockID, bsize,
 // those streams now have completed. On error nothing changes.
 func (a *Allocator) Free(ptr uintptr) error {
 	a.mu.Lock()
+	// The common case: no stream recorded on any block, no history, no
+	// event on this one. One lock round trip without defer.
+	if len(a.uses) == 0 && a.hist == nil && !a.closed {
+		if pk, ok := a.heap.FreeAt(ptr); ok {
+			ss := a.countFree(pk)
+			if ss == a.idle {
+				return a.releaseIdleUnlock()
+			}
+			a.mu.Unlock()
+			return nil
+		}
+	}
+	return a.freeSlow(ptr)
+}
+
+// releaseIdleUnlock gives back the memory freed to the idle owner (see
+// freeBlockPeek). mu held; it unlocks.
+func (a *Allocator) releaseIdleUnlock() error {
+	defer a.mu.Unlock()
+	_ = a.releaseIdle()
+	return nil
+}
+
+// countFree counts the free of Allocated block pk (no events; the heap
+// has freed it) and returns its stream's state. mu held.
+func (a *Allocator) countFree(pk arena.Peek) *streamState {
+	ss := a.lastS // usually the stream just used
+	if ss == nil || ss.sid != pk.Stream {
+		ss = a.states[pk.Stream]
+	}
+	a.st.CountFree(a.pools[pk.Pool].kind, int64(pk.Size), int64(pk.Requested))
+	if a.cfg.MaxSplitSize != 0 && pk.Size >= a.cfg.MaxSplitSize {
+		a.st.OversizeAllocations.Add(-1)
+	}
+	ss.idle = false
+	ss.active--
+	ss.freed++
+	return ss
+}
+
+// freeSlow is Free's general path: bad pointers, recorded streams,
+// events, history. mu held; it unlocks.
+func (a *Allocator) freeSlow(ptr uintptr) error {
 	defer a.mu.Unlock()
 	if a.closed {
 		return ErrClosed

@@ -126,6 +126,19 @@
 // pprof profile of package allocator/devprof. When off, the cache-hit path
 // pays one nil check in Malloc and one in Free.
 //
+// # The cache hit
+//
+// Malloc and Free first try a fast path under one lock acquisition,
+// unlocked explicitly on return (nothing between Lock and Unlock can
+// panic): Malloc on the stream it used last with no pending event and no
+// history takes arena.Heap.AllocFit (best fit, the max_split_size rules
+// as bounds from fitLimits, split); Free with no RecordStream'd block and
+// no history takes arena.Heap.FreeAt (lookup, free, merge) unless the
+// block has events. The five hot statistics move together
+// (stats.DeviceStats.CountMalloc, CountFree). Anything else, including
+// every error, goes to the general path (mallocSlow, freeSlow), which
+// does what Malloc and Free always did.
+//
 // # Mechanism and policy
 //
 // The blocks live in an arena.Heap, which owns their storage (pointer-free

@@ -211,10 +211,11 @@ func (h *history) callerStack() uint32 {
 	if !h.stacks {
 		return 0
 	}
-	// Frames: runtime.Callers, callerStack, the hist* hook, the public
-	// method (Malloc or Free), then its caller.
+	// Frames: runtime.Callers, callerStack, the hist* hook, the general
+	// path (mallocSlow or freeSlow), the public method (Malloc or Free),
+	// then its caller.
 	clear(h.pcs[:])
-	n := runtime.Callers(4, h.pcs[:])
+	n := runtime.Callers(5, h.pcs[:])
 	if n == 0 {
 		return 0
 	}

@@ -28,7 +28,11 @@
 // and stream a request uses, when to grow and what to map, when to release
 // and what to unmap, events, driver calls and statistics. The heap decides
 // how: where a block is split, which neighbours merge, which free block
-// fits.
+// fits. AllocFit and FreeAt are the cache hit in one call each: the free
+// block that is split keeps its record and, when its new key still
+// orders there, its treap slot (the allocated piece gets a new record
+// below it), and freeing that piece merges it back the same way, so the
+// common split-then-merge cycle changes no treap.
 //
 // Block life in a Heap (Releasing and Mapping are the two transition
 // states in which the owner may drop its lock around a driver call):

@@ -30,3 +30,11 @@ func ClassLowerBound(c int) uint64 {
 	}
 	return uint64(slCount+sl) << uint(fl-1)
 }
+
+// sameClass reports whether sizes x and y have one class (classOf(x) ==
+// classOf(y)) without computing either: a class is the sizes that agree
+// on their top five bits and bit length (every bit below 32).
+func sameClass(x, y uint64) bool {
+	s := max(bits.Len64(x), 5) - 5
+	return x>>uint(s) == y>>uint(s)
+}

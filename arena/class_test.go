@@ -1,6 +1,7 @@
 package arena
 
 import (
+	"math"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -38,4 +39,26 @@ func TestClassWidth(t *testing.T) {
 		}
 	}
 	assert.InDelta(t, 1.0/16, worst, 1e-9)
+}
+
+func TestSameClassIsClassOfEquality(t *testing.T) {
+	var sizes []uint64
+	for k := 0; k < 64; k++ {
+		for _, d := range []int64{-3, -2, -1, 0, 1, 2, 3} {
+			for _, frac := range []uint64{0, 1, 3, 7, 15, 16, 17} {
+				v := int64(uint64(1)<<k + (uint64(1)<<k)/16*frac)
+				if x := v + d; x > 0 {
+					sizes = append(sizes, uint64(x))
+				}
+			}
+		}
+	}
+	sizes = append(sizes, 1, 2, 15, 16, 31, 32, 33, math.MaxUint64, math.MaxUint64-1)
+	for _, x := range sizes {
+		for _, y := range sizes {
+			if sameClass(x, y) != (classOf(x) == classOf(y)) {
+				t.Fatalf("sameClass(%d, %d) = %v, classes %d and %d", x, y, sameClass(x, y), classOf(x), classOf(y))
+			}
+		}
+	}
 }

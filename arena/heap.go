@@ -104,8 +104,10 @@ type SplitHook func(pool uint8, blocks, bytes int64)
 //
 // What the allocator asks of a Heap:
 //
-//	cache-hit Malloc                       BestFitAt(sid, pool, size), Alloc(id, n, requested)
-//	Free                                   Lookup(addr), Peek(id), Free(id) or MarkPending(id)
+//	cache-hit Malloc                       AllocFit(sid, pool, n, requested, maxSize, minSplit)
+//	cache-hit Free                         FreeAt(addr)
+//	other Mallocs                          BestFitAt(sid, pool, size), Alloc(id, n, requested)
+//	other Frees                            Lookup(addr), Peek(id), Free(id) or MarkPending(id)
 //	events of a RecordStream'd block       AddEvents, Events; Free when they complete
 //	bad pointers                           Find(addr), RegionAt(addr)
 //	growth: where to map                   AscendUnmapped(pool, fn), Coalescable(id, sid)
@@ -211,6 +213,17 @@ func (h *Heap) newRec() (BlockID, *block) {
 	id := BlockID(h.nrec)
 	h.nrec++
 	return id, h.rec(id)
+}
+
+// newRecUnzeroed is newRec for a caller that sets the whole record.
+func (h *Heap) newRecUnzeroed() (BlockID, *block) {
+	if id := h.freeRec; id != NoBlock {
+		h.used++
+		b := h.rec(id)
+		h.freeRec = b.next
+		return id, b
+	}
+	return h.newRec()
 }
 
 // freeRecord recycles the record of id, which is in no index.

@@ -2,6 +2,7 @@ package arena
 
 import (
 	"fmt"
+	"math"
 	"runtime"
 	"testing"
 	"time"
@@ -49,6 +50,29 @@ func BenchmarkHeapAllocFree(b *testing.B) {
 				}
 				if _, err := h.Free(id); err != nil {
 					b.Fatal(err)
+				}
+			}
+		})
+	}
+}
+
+// BenchmarkHeapAllocFitFreeAt is BenchmarkHeapAllocFree through the
+// cache-hit calls the allocator makes: AllocFit (best fit and split, the
+// split block keeping its record and treap slot) and FreeAt (lookup, free
+// and merge back into that record).
+func BenchmarkHeapAllocFitFreeAt(b *testing.B) {
+	for _, live := range []int{100, 1_000_000} {
+		b.Run(fmt.Sprintf("live=%d", live), func(b *testing.B) {
+			h, sid := liveHeap(b, live)
+			b.ReportAllocs()
+			b.ResetTimer()
+			for i := 0; i < b.N; i++ {
+				id, addr, _ := h.AllocFit(sid, 0, 4096, 4000, math.MaxUint64, unit)
+				if id == NoBlock {
+					b.Fatal("AllocFit found no block")
+				}
+				if _, ok := h.FreeAt(addr); !ok {
+					b.Fatal("FreeAt refused")
 				}
 			}
 		})

@@ -192,21 +192,22 @@ func (h *Heap) maxNode(id BlockID) BlockID {
 
 // firstAbove is the smallest block of the first non-empty class above c.
 func (h *Heap) firstAbove(l *tlsfIndex, c int) BlockID {
-	fl, sl := c/slCount, c%slCount
-	if sl+1 < slCount {
-		if m := l.slMap[fl] &^ (1<<uint(sl+1) - 1); m != 0 {
-			return h.minNode(l.roots[fl*slCount+bits.TrailingZeros16(m)])
-		}
-	}
-	if fl+1 >= flCount {
+	fl, sl := uint(c)/slCount, uint(c)%slCount // c ≥ 0: shifts and masks
+	if fl >= flCount {
 		return NoBlock
 	}
-	m := l.flMap &^ (1<<uint(fl+1) - 1)
+	if m := l.slMap[fl] &^ (1<<(sl+1) - 1); m != 0 { // a 16-bit map: empty when sl is the last class
+		return h.minNode(l.roots[fl*slCount+uint(bits.TrailingZeros16(m))])
+	}
+	m := l.flMap &^ (1<<(fl+1) - 1)
 	if m == 0 {
 		return NoBlock
 	}
-	f := bits.TrailingZeros64(m)
-	return h.minNode(l.roots[f*slCount+bits.TrailingZeros16(l.slMap[f])])
+	f := uint(bits.TrailingZeros64(m))
+	if f >= flCount { // never: flMap has no bit at or above flCount
+		return NoBlock
+	}
+	return h.minNode(l.roots[f*slCount+uint(bits.TrailingZeros16(l.slMap[f]))])
 }
 
 // succ is the in-order successor of id (record b) within its class
@@ -331,6 +332,24 @@ func (t *addrTable) get(h *Heap, addr uintptr) BlockID {
 	}
 }
 
+// find is get that also returns the slot and the record of the block
+// found (NoBlock, nil when none).
+func (t *addrTable) find(h *Heap, addr uintptr) (int, BlockID, *block) {
+	if t.n == 0 {
+		return 0, NoBlock, nil
+	}
+	mask := len(t.slots) - 1
+	for i := t.home(addr); ; i = (i + 1) & mask {
+		id := t.slots[i]
+		if id == NoBlock {
+			return i, NoBlock, nil
+		}
+		if b := h.rec(id); b.addr == addr {
+			return i, id, b
+		}
+	}
+}
+
 // put inserts id, whose address addr is not in the table.
 func (t *addrTable) put(h *Heap, id BlockID, addr uintptr) {
 	if t.slots == nil {
@@ -368,6 +387,14 @@ func (t *addrTable) remove(h *Heap, id BlockID, addr uintptr) bool {
 		}
 		i = (i + 1) & mask
 	}
+	t.removeAt(h, i)
+	return true
+}
+
+// removeAt empties occupied slot i, shifting back the entries after it
+// that probed past it.
+func (t *addrTable) removeAt(h *Heap, i int) {
+	mask := len(t.slots) - 1
 	for j := (i + 1) & mask; t.slots[j] != NoBlock; j = (j + 1) & mask {
 		home := t.home(h.rec(t.slots[j]).addr)
 		if (j > i && (home <= i || home > j)) || (j < i && home <= i && home > j) {
@@ -377,5 +404,4 @@ func (t *addrTable) remove(h *Heap, id BlockID, addr uintptr) bool {
 	}
 	t.slots[i] = NoBlock
 	t.n--
-	return true
 }

@@ -3,6 +3,7 @@ package arena
 import (
 	"errors"
 	"fmt"
+	"math"
 	"math/rand/v2"
 	"slices"
 	"strings"
@@ -257,6 +258,10 @@ func (x *harness) step() {
 		pool := uint8(x.c.intn(2))
 		size := x.units(16 * unit)
 		want, ok := m.bestFit(sid, pool, size)
+		if x.c.intn(2) == 0 {
+			x.allocFit(sid, pool, size, want, ok)
+			break
+		}
 		got := h.BestFit(sid, pool, size)
 		if !ok {
 			if got != NoBlock {
@@ -287,7 +292,19 @@ func (x *harness) step() {
 			x.expectErr("Free of "+b.state.String(), err, ErrBadState)
 			break
 		}
-		if _, err := h.Free(id); err != nil {
+		if x.c.intn(2) == 0 { // the cache-hit path
+			p, ok := h.FreeAt(b.addr)
+			if b.state != Allocated || b.events != 0 {
+				if ok {
+					x.fail("FreeAt(%#x) of a %s block with %d events freed it", b.addr, b.state, b.events)
+				}
+				break
+			}
+			want := Peek{Addr: b.addr, Size: b.size, Requested: b.requested, Stream: b.stream, Pool: r.pool, State: Allocated}
+			if !ok || p != want {
+				x.fail("FreeAt(%#x) = %+v, %v, want %+v", b.addr, p, ok, want)
+			}
+		} else if _, err := h.Free(id); err != nil {
 			x.fail("Free: %v", err)
 		}
 		r.blocks[i].state, r.blocks[i].requested, r.blocks[i].events = Free, 0, 0
@@ -531,6 +548,44 @@ func (x *harness) alloc(id BlockID, addr uintptr, n uint64) {
 	r.blocks[i].state, r.blocks[i].requested = Allocated, req
 	if x.h.Lookup(addr) != id {
 		x.fail("Lookup(%#x) after Alloc = %d, want %d", addr, x.h.Lookup(addr), id)
+	}
+}
+
+// allocFit runs AllocFit for size bytes of stream sid in pool, whose
+// best fit the model says is at want (ok), with random limits.
+func (x *harness) allocFit(sid StreamID, pool uint8, size uint64, want uintptr, ok bool) {
+	maxSize := uint64(math.MaxUint64)
+	if x.c.intn(4) == 0 {
+		maxSize = size + x.units(8*unit) - unit
+	}
+	minSplit := []uint64{1, unit, 4 * unit, math.MaxUint64}[x.c.intn(4)]
+	req := size - uint64(x.c.intn(unit))
+	id, addr, n := x.h.AllocFit(sid, pool, size, req, maxSize, minSplit)
+	var b mBlock
+	if ok {
+		b = x.m.region(want).blocks[x.m.region(want).at(want)]
+	}
+	if !ok || b.size > maxSize {
+		if id != NoBlock {
+			x.fail("AllocFit(%d, %d, %d, max %d) = %#x, model none", sid, pool, size, maxSize, addr)
+		}
+		return
+	}
+	wantN := b.size
+	if b.size-size >= minSplit {
+		wantN = size
+	}
+	if id == NoBlock || addr != want || n != wantN {
+		x.fail("AllocFit(%d, %d, %d, max %d, split %d) = %d %#x+%d, model %#x+%d", sid, pool, size, maxSize, minSplit, id, addr, n, want, wantN)
+	}
+	r := x.m.region(want)
+	i := r.at(want)
+	if n < b.size {
+		r.cut(i, n)
+	}
+	r.blocks[i].state, r.blocks[i].requested = Allocated, req
+	if x.h.Lookup(addr) != id {
+		x.fail("Lookup(%#x) after AllocFit = %d, want %d", addr, x.h.Lookup(addr), id)
 	}
 }
 

@@ -1,0 +1,133 @@
+package allocator
+
+import (
+	"fmt"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// TestFitLimitsMatchBestFitRules checks that the bounds the cache-hit path
+// hands arena.Heap.AllocFit say what bestFit and shouldSplit say, for every
+// policy, pool, request and block size on a grid around the thresholds.
+func TestFitLimitsMatchBestFitRules(t *testing.T) {
+	confs := []string{
+		"",
+		"expandable_segments:False",
+		"expandable_segments:False,max_split_size_mb:20",
+		"expandable_segments:False,max_split_size_mb:64,max_non_split_rounding_mb:0",
+		"expandable_segments:True,max_split_size_mb:20",
+	}
+	var sizes []uint64
+	for _, base := range []uint64{minBlockSize, smallSize, 2 * mib, 20 * mib, 40 * mib, 64 * mib, 84 * mib} {
+		for _, d := range []int64{-2 * minBlockSize, -minBlockSize, 0, minBlockSize, 2 * minBlockSize, smallSize, smallSize + minBlockSize} {
+			if v := int64(base) + d; v >= minBlockSize {
+				sizes = append(sizes, uint64(v))
+			}
+		}
+	}
+	for _, conf := range confs {
+		t.Run(conf, func(t *testing.T) {
+			a, _ := newAlloc(t, conf)
+			checked := 0
+			for _, rounded := range sizes {
+				p := a.poolFor(rounded)
+				maxSize, minSplit := a.fitLimits(p, rounded)
+				require.NotZero(t, minSplit)
+				for _, bsize := range sizes {
+					if bsize < rounded {
+						continue
+					}
+					mss, mnsr := a.cfg.MaxSplitSize, a.cfg.MaxNonSplitRounding
+					refused := mss != 0 && !a.cfg.ExpandableSegments &&
+						(rounded < mss && bsize >= mss || rounded >= mss && bsize >= rounded+mnsr)
+					what := fmt.Sprintf("request %d, block %d", rounded, bsize)
+					assert.Equal(t, refused, bsize > maxSize, "refused: "+what)
+					assert.Equal(t, a.shouldSplit(p, bsize, rounded), bsize-rounded >= minSplit, "split: "+what)
+					checked++
+				}
+			}
+			assert.Greater(t, checked, 500)
+		})
+	}
+}
+
+// TestFastPathsAgreeWithSlowPaths runs the same sequence of Malloc and
+// Free calls on two allocators, one of which always takes the general
+// path (history on: it records every call), and compares addresses,
+// statistics and Check.
+func TestFastPathsAgreeWithSlowPaths(t *testing.T) {
+	for _, conf := range []string{"", "expandable_segments:False,max_split_size_mb:20"} {
+		t.Run(conf, func(t *testing.T) {
+			fast, _ := newAlloc(t, conf)
+			slow, _ := newAlloc(t, conf)
+			require.NoError(t, slow.RecordHistory(HistoryOptions{MaxEntries: 1}))
+			sizes := []uint64{512, 700, 4096, 1 << 20, 3 << 20, 25 << 20, 70 << 20, 1000}
+			var fastP, slowP []uintptr
+			for i := 0; i < 400; i++ {
+				if i%3 == 2 && len(fastP) > 0 {
+					k := (i * 7) % len(fastP)
+					require.NoError(t, fast.Free(fastP[k]))
+					require.NoError(t, slow.Free(slowP[k]))
+					fastP = append(fastP[:k], fastP[k+1:]...)
+					slowP = append(slowP[:k], slowP[k+1:]...)
+					continue
+				}
+				n := sizes[(i*5)%len(sizes)] + uint64(i%4)*512
+				pf, err := fast.Malloc(n, 0)
+				require.NoError(t, err)
+				ps, err := slow.Malloc(n, 0)
+				require.NoError(t, err)
+				require.Equal(t, ps-slowBase(slow), pf-slowBase(fast), "call %d", i)
+				fastP, slowP = append(fastP, pf), append(slowP, ps)
+			}
+			fs, ss := fast.Stats(), slow.Stats()
+			assert.Equal(t, ss.Allocation, fs.Allocation)
+			assert.Equal(t, ss.AllocatedBytes, fs.AllocatedBytes)
+			assert.Equal(t, ss.Active, fs.Active)
+			assert.Equal(t, ss.ActiveBytes, fs.ActiveBytes)
+			assert.Equal(t, ss.RequestedBytes, fs.RequestedBytes)
+			assert.Equal(t, ss.InactiveSplit, fs.InactiveSplit)
+			assert.Equal(t, ss.InactiveSplitBytes, fs.InactiveSplitBytes)
+			assert.Equal(t, ss.OversizeAllocations, fs.OversizeAllocations)
+			assert.Equal(t, ss.ReservedBytes, fs.ReservedBytes)
+			require.NoError(t, fast.Check())
+			require.NoError(t, slow.Check())
+		})
+	}
+}
+
+// slowBase is the base of a's lowest segment, so that two allocators'
+// addresses compare as offsets.
+func slowBase(a *Allocator) uintptr {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if len(a.segs) == 0 {
+		return 0
+	}
+	return a.segs[0].base
+}
+
+// TestPlainRoundIsRoundSize checks the cache hit's shortcut for rounding:
+// without roundup_power2_divisions, roundSize rounds up to 512 bytes.
+func TestPlainRoundIsRoundSize(t *testing.T) {
+	for _, c := range []struct {
+		conf  string
+		plain bool
+	}{
+		{"", true},
+		{"roundup_power2_divisions:1", true},
+		{"roundup_power2_divisions:4", false},
+		{"roundup_power2_divisions:[256:1,512:2,>:1]", false},
+	} {
+		a, _ := newAlloc(t, c.conf)
+		assert.Equal(t, c.plain, a.plainRound, c.conf)
+		if !a.plainRound {
+			continue
+		}
+		for _, n := range []uint64{1, 511, 512, 513, 1<<20 - 1, 1 << 20, 1<<20 + 1, 300<<20 + 7, 1<<30 + 3} {
+			assert.Equal(t, a.roundSize(n), (n+minBlockSize-1)&^(minBlockSize-1), "%s %d", c.conf, n)
+		}
+	}
+}

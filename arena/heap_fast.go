@@ -1,0 +1,217 @@
+package arena
+
+// The cache-hit path. AllocFit and FreeAt each do in one call what
+// BestFit+Alloc and Lookup+Peek+Free do in several: one validation of the
+// arguments, then trusted access to records already checked. In the
+// common split-then-merge-back cycle no class treap changes shape: the
+// free block being split keeps its record (and its treap slot, when its
+// new key still orders there) and the allocated piece gets a fresh record
+// below it; freeing that piece merges it back into the same record.
+// Both refuse, changing nothing, whatever they cannot do cheaply; the
+// owner then takes its general path, which reports errors.
+
+// AllocFit hands out n bytes (0 < requested ≤ n) of the best free block
+// of stream sid in pool for n bytes: BestFit then Alloc in one step, for
+// the owner's cache-hit path. The best block is taken only if its size is
+// at most maxSize; the rest of it is split off as a Free block only if it
+// is at least minSplit bytes (minSplit ≥ 1), else the whole block is
+// handed out. It returns the Allocated block, its address and its size.
+//
+// The Free rest keeps the record (and BlockID) of the block that was
+// split, and the Allocated block gets a new one: unlike Alloc, which
+// hands out the block it is given.
+//
+// NoBlock, changing nothing, when no block fits or the best one is larger
+// than maxSize, and on any bad argument or a full heap (BestFit and Alloc
+// say which).
+func (h *Heap) AllocFit(sid StreamID, pool uint8, n, requested, maxSize, minSplit uint64) (BlockID, uintptr, uint64) {
+	if uint(sid) >= uint(len(h.streams)) || requested-1 >= n || minSplit == 0 {
+		return NoBlock, 0, 0
+	}
+	free := h.streams[sid].free
+	if int(pool) >= len(free) {
+		return NoBlock, 0, 0 // also stream slot 0, whose free is nil
+	}
+	l := &free[pool]
+	id := h.bestFit(l, n)
+	if id == NoBlock {
+		return NoBlock, 0, 0
+	}
+	b := h.rec(id)
+	size := b.size
+	if size > maxSize {
+		return NoBlock, 0, 0
+	}
+	if size-n < minSplit { // the whole block (size ≥ n)
+		if h.splitHook != nil {
+			h.leave(b)
+		}
+		h.remove(l, id, b)
+		b.state = Allocated
+		b.aux, b.up = requested, 0
+		h.live.put(h, id, b.addr)
+		return id, b.addr, size
+	}
+	if int64(h.used)+1 >= maxRecords-1 {
+		return NoBlock, 0, 0
+	}
+	if h.splitHook != nil {
+		h.leave(b)
+	}
+	addr := b.addr
+	inPlace := h.fitsSlotSmaller(id, b, size-n, addr+uintptr(n))
+	if !inPlace {
+		h.remove(l, id, b)
+	}
+	aid, a := h.splitBelow(id, b, n)
+	if inPlace {
+		l.bytes -= n
+	} else {
+		h.insert(l, id, b)
+	}
+	if h.splitHook != nil {
+		h.enter(b)
+	}
+	a.state = Allocated
+	a.aux = requested
+	h.live.put(h, aid, addr)
+	return aid, addr, n
+}
+
+// splitBelow cuts the first k bytes (0 < k < size) off b, which keeps its
+// record, its state and its place in any index (the caller fixes the
+// index for the new key), and returns the new lower block: a record with
+// b's state and stream, in no index. room has been checked.
+func (h *Heap) splitBelow(id BlockID, b *block, k uint64) (BlockID, *block) {
+	lid, lo := h.newRecUnzeroed()
+	*lo = block{
+		addr:   b.addr,
+		size:   k,
+		prev:   b.prev,
+		next:   id,
+		region: b.region,
+		stream: b.stream,
+		state:  b.state,
+		pool:   b.pool,
+	}
+	if b.prev != NoBlock {
+		h.rec(b.prev).next = lid
+	} else {
+		h.regions[b.region].head = lid
+	}
+	b.prev = lid
+	b.addr += uintptr(k)
+	b.size -= k
+	if b.stream != 0 {
+		h.streams[b.stream].blocks++
+	}
+	return lid, lo
+}
+
+// FreeAt frees the Allocated block starting at addr if no event is
+// counted on it: Lookup, Peek and Free in one step, for the owner's
+// cache-hit path. It returns what Peek said of the block before it was
+// freed (State Allocated). ok is false, and nothing changes, when no
+// Allocated block starts at addr or the block has events (the owner
+// takes its general path: MarkPending).
+//
+// When the block merges with a Free upper neighbour only, that neighbour
+// keeps its record and the freed block's record is recycled.
+func (h *Heap) FreeAt(addr uintptr) (p Peek, ok bool) {
+	i, id, b := h.live.find(h, addr)
+	if id == NoBlock {
+		return Peek{}, false
+	}
+	if b.up != 0 {
+		return Peek{}, false
+	}
+	h.live.removeAt(h, i)
+	p = Peek{Addr: addr, Size: b.size, Requested: b.aux, Stream: b.stream, Pool: b.pool, State: Allocated}
+	b.state = Free
+	b.aux = 0
+	h.mergeFreed(id, b)
+	return p, true
+}
+
+// mergeFreed is coalesceInsert for a block just freed: when only its
+// upper neighbour is Free on its stream, that neighbour absorbs it (the
+// split-then-merge-back cycle of AllocFit undone without treap changes
+// when the neighbour's slot still fits its new key).
+func (h *Heap) mergeFreed(id BlockID, b *block) {
+	var prev *block // b's lower neighbour, if any
+	if b.prev != NoBlock {
+		if prev = h.rec(b.prev); mergeable(prev, b.stream) {
+			h.coalesceInsert(id, b)
+			return
+		}
+	}
+	nid := b.next
+	if nid == NoBlock {
+		h.coalesceInsert(id, b)
+		return
+	}
+	nx := h.rec(nid)
+	if !mergeable(nx, b.stream) {
+		h.coalesceInsert(id, b)
+		return
+	}
+	l := h.list(nx)
+	if h.splitHook != nil {
+		h.leave(nx)
+	}
+	size := nx.size + b.size
+	if h.fitsSlotLarger(nid, nx, size, b.addr) {
+		l.bytes += b.size
+		h.absorbBelow(nid, nx, id, b, prev)
+	} else {
+		h.remove(l, nid, nx)
+		h.absorbBelow(nid, nx, id, b, prev)
+		h.insert(l, nid, nx)
+	}
+	if h.splitHook != nil {
+		h.enter(nx)
+	}
+}
+
+// absorbBelow merges b, the lower neighbour of nx and in no index, into
+// nx, and recycles b's record; prev is the record of b's lower neighbour
+// (nil when none).
+func (h *Heap) absorbBelow(nid BlockID, nx *block, id BlockID, b, prev *block) {
+	nx.addr = b.addr
+	nx.size += b.size
+	nx.prev = b.prev
+	if prev != nil {
+		prev.next = nid
+	} else {
+		h.regions[b.region].head = nid
+	}
+	h.freeRecord(id, b)
+}
+
+// fitsSlotSmaller is fitsSlot for a key (size, addr) that orders before
+// the key of listed block id (record b): only its predecessor can be out
+// of order.
+func (h *Heap) fitsSlotSmaller(id BlockID, b *block, size uint64, addr uintptr) bool {
+	if !sameClass(size, b.size) {
+		return false
+	}
+	if b.up == 0 && b.aux == 0 {
+		return true // alone in its class
+	}
+	p := h.pred(id, b)
+	return p == NoBlock || lessThanKey(h.rec(p), size, addr)
+}
+
+// fitsSlotLarger is fitsSlot for a key (size, addr) that orders after the
+// key of listed block id (record b): only its successor can be out of
+// order.
+func (h *Heap) fitsSlotLarger(id BlockID, b *block, size uint64, addr uintptr) bool {
+	if !sameClass(size, b.size) {
+		return false
+	}
+	if b.up == 0 && b.aux == 0 {
+		return true // alone in its class
+	}
+	n := h.succ(id, b)
+	return n == NoBlock || lessKey(size, addr, h.rec(n))
+}
