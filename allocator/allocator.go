@@ -53,7 +53,7 @@ type Allocator struct {
 	segs      []*seg            // every segment, ascending base; mu
 	pending   int               // blocks in PendingFree; mu
 	events    []backend.Event   // idle events for reuse; mu
-	st        stats.DeviceStats // mu
+	st        stats.HotCounters // mu; Allocated/Freed of the hot arrays through Settled
 	counters  segment.Counters  // driver-call figures shared by segments; mu
 	scratch   []arena.BlockID   // reusable slice for release walks; mu
 	hist      *history          // memory history (history.go); nil when off; mu
@@ -731,7 +731,7 @@ func (a *Allocator) Stats() stats.DeviceStats {
 }
 
 func (a *Allocator) statsLocked() stats.DeviceStats {
-	s := a.st
+	s := a.st.Settled()
 	s.NumDeviceAlloc = a.counters.Maps
 	s.NumDeviceFree = a.counters.Unmaps
 	s.HandlesCreated = a.counters.HandlesCreated

@@ -279,7 +279,7 @@ func (a *Allocator) check() error {
 	if pendingBlocks != a.pending {
 		return corrupt("pending counter %d, blocks %d", a.pending, pendingBlocks)
 	}
-	return compareStats(&want, &a.st)
+	return compareStats(&want, &a.st.DeviceStats)
 }
 
 func compareStats(want, got *stats.DeviceStats) error {

@@ -139,3 +139,18 @@ func ExampleHistory() {
 	// t=3 free_requested 0x7f0000000000 4194304
 	// len 2 dropped 1
 }
+
+// A HotCounters counts cache hits with fewer stores and settles to the
+// exact record on read.
+func ExampleHotCounters() {
+	var c stats.HotCounters
+	c.CountMalloc(stats.SmallPool, 4096, 4000)
+	c.CountMalloc(stats.LargePool, 2<<20, 2<<20)
+	c.CountFree(stats.SmallPool, 4096, 4000)
+	s := c.Settled()
+	fmt.Printf("%+v\n", s.AllocatedBytes[stats.AllPools])
+	fmt.Printf("%+v\n", s.AllocatedBytes[stats.SmallPool])
+	// Output:
+	// {Current:2097152 Peak:2101248 Allocated:2101248 Freed:4096}
+	// {Current:0 Peak:4096 Allocated:4096 Freed:4096}
+}
