@@ -556,7 +556,7 @@ func (a *Allocator) releaseIdleUnlock() error {
 
 // countFree counts the free of Allocated block pk (no events; the heap
 // has freed it) and returns its stream's state. mu held.
-func (a *Allocator) countFree(pk arena.Peek) *streamState {
+func (a *Allocator) countFree(pk arena.Freed) *streamState {
 	ss := a.lastS // usually the stream just used
 	if ss == nil || ss.sid != pk.Stream {
 		ss = a.states[pk.Stream]

@@ -108,29 +108,39 @@ func (h *Heap) splitBelow(id BlockID, b *block, k uint64) (BlockID, *block) {
 	return lid, lo
 }
 
+// Freed is what FreeAt says of the block it freed. It has four fields so
+// that the compiler keeps it in registers (a larger struct, such as Peek,
+// goes through memory: stored, copied and loaded again at every call).
+type Freed struct {
+	Size      uint64   // nbytes
+	Requested uint64   // nbytes asked for
+	Stream    StreamID // the stream that owned it
+	Pool      uint8    // the region's pool
+}
+
 // FreeAt frees the Allocated block starting at addr if no event is
 // counted on it: Lookup, Peek and Free in one step, for the owner's
 // cache-hit path. It returns what Peek said of the block before it was
-// freed (State Allocated). ok is false, and nothing changes, when no
-// Allocated block starts at addr or the block has events (the owner
-// takes its general path: MarkPending).
+// freed (its address is addr and its state Allocated). ok is false, and
+// nothing changes, when no Allocated block starts at addr or the block
+// has events (the owner takes its general path: MarkPending).
 //
 // When the block merges with a Free upper neighbour only, that neighbour
 // keeps its record and the freed block's record is recycled.
-func (h *Heap) FreeAt(addr uintptr) (p Peek, ok bool) {
+func (h *Heap) FreeAt(addr uintptr) (f Freed, ok bool) {
 	i, id, b := h.live.find(h, addr)
 	if id == NoBlock {
-		return Peek{}, false
+		return Freed{}, false
 	}
 	if b.up != 0 {
-		return Peek{}, false
+		return Freed{}, false
 	}
 	h.live.removeAt(h, i)
-	p = Peek{Addr: addr, Size: b.size, Requested: b.aux, Stream: b.stream, Pool: b.pool, State: Allocated}
+	f = Freed{Size: b.size, Requested: b.aux, Stream: b.stream, Pool: b.pool}
 	b.state = Free
 	b.aux = 0
 	h.mergeFreed(id, b)
-	return p, true
+	return f, true
 }
 
 // mergeFreed is coalesceInsert for a block just freed: when only its

@@ -31,7 +31,7 @@ func TestHeapAllocFitKeepsTheSplitRecord(t *testing.T) {
 
 	p, ok := h.FreeAt(addr)
 	require.True(t, ok)
-	assert.Equal(t, Peek{Addr: addr, Size: 4 * unit, Requested: 4*unit - 7, Stream: s1, Pool: 0, State: Allocated}, p)
+	assert.Equal(t, Freed{Size: 4 * unit, Requested: 4*unit - 7, Stream: s1, Pool: 0}, p)
 	// Merged back into the same record.
 	assert.Equal(t, testBase+2*unit, h.Addr(tail))
 	assert.Equal(t, uint64(62*unit), h.Size(tail))

@@ -300,7 +300,7 @@ func (x *harness) step() {
 				}
 				break
 			}
-			want := Peek{Addr: b.addr, Size: b.size, Requested: b.requested, Stream: b.stream, Pool: r.pool, State: Allocated}
+			want := Freed{Size: b.size, Requested: b.requested, Stream: b.stream, Pool: r.pool}
 			if !ok || p != want {
 				x.fail("FreeAt(%#x) = %+v, %v, want %+v", b.addr, p, ok, want)
 			}
