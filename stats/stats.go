@@ -25,6 +25,16 @@
 // long as every delta names SmallPool or LargePool, StatArray.Add keeps the
 // aggregate equal to the sum of the pools.
 //
+// An allocator's cache hit moves five StatArrays at once. HotCounters (a
+// DeviceStats with a little more state) lets it store fewer fields: a
+// malloc stores the pool's Current and Allocated and the aggregate's
+// Current, and compares each Peak (a store only on a new peak); a free
+// stores the two Currents only. The pools' Freed and the aggregate's
+// Allocated and Freed follow from the invariant above and from the
+// pools' values at the last ResetAccumulated, and HotCounters.Settled
+// derives them when the record is read. Current and Peak are exact at
+// all times, so policy code reads them directly.
+//
 // The block states the counters follow are PyTorch's:
 //
 //	          malloc                 free (no stream uses)
