@@ -70,6 +70,13 @@
 // requested size; a free block's treap parent and an allocated block's
 // event count.
 //
+// Why chunks and not one flat slice grown by doubling: a flat slice saves
+// a load and a bounds check per record access (45 of 956 instructions of
+// a cache-hit Malloc+Free, measured with a slice reserved large enough
+// never to grow), but growing it at 10⁶ records copies 48 MiB, 20 to
+// 38 ms under the owner's lock on one unlucky Malloc, and every *block a
+// function holds across a record creation would point into the old copy.
+//
 // Measured (BenchmarkHeapLiveBlocks, 10⁶ live blocks): 56 bytes of Go
 // heap per block and a full runtime.GC() of 1 to 5 ms on a loaded 2-core
 // machine, where the pointer-linked 128-byte block headers the allocator
