@@ -272,9 +272,13 @@ func (a *Allocator) quiesce() error {
 const maxSpareStates = 16
 
 // newState returns an empty state for stream s, registered with the heap,
-// reusing a spare one when there is one. mu held.
+// reusing a spare one when there is one and no wait runs without mu: a
+// caller waiting holds the state of its stream, which may be retired
+// meanwhile, and checks after the wait that the state still owns its
+// stream (owns); a spare state reborn for another stream would pass that
+// check and serve the wrong stream. mu held.
 func (a *Allocator) newState(s backend.Stream) (*streamState, error) {
-	if n := len(a.spare); n > 0 {
+	if n := len(a.spare); n > 0 && a.inflight == 0 {
 		ss := a.spare[n-1]
 		ss.stream = s
 		if err := a.register(ss); err != nil {
