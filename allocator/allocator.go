@@ -27,6 +27,10 @@ type Allocator struct {
 	// plainRound: no roundup_power2_divisions bucket above 1, so
 	// roundSize is rounding up to 512 bytes. Set by New.
 	plainRound bool
+	// maxBlock is the largest rounded request one segment can hold, nbytes:
+	// segment.MaxGranules granules less room for the roundings growth
+	// applies. Only devices of tens of TiB and more come near it. Set by New.
+	maxBlock uint64
 
 	mu       sync.Mutex
 	quiet    sync.Cond                          // signalled (L = &mu) when inflight drops to 0
@@ -172,6 +176,7 @@ func New(drv backend.Driver, cfg Config) (*Allocator, error) {
 		vanished: make(map[backend.Stream]*streamState),
 	}
 	a.quiet.L = &a.mu
+	a.maxBlock = maxBlockSize(gran, cfg.SmallSegmentSize, cfg.LargeSegmentSize, cfg.ExpandableHandleSize)
 	a.plainRound = true
 	for _, d := range cfg.RoundupPower2Divisions {
 		a.plainRound = a.plainRound && d <= 1
@@ -240,6 +245,25 @@ func reservationSize(total, gran, page uint64) uint64 {
 		return limit
 	}
 	return min(roundUp(want, page), limit)
+}
+
+// maxBlockSize is the largest rounded request that one segment can hold
+// (Allocator.maxBlock): what a segment can track, segment.MaxGranules
+// granules, less twice the largest unit a growth rounds up to (granule,
+// page, growth handle, classic 2 MiB step), so that no rounding of the
+// request on its way to the driver wraps past 2^64 or past what a
+// segment tracks.
+func maxBlockSize(gran, smallPage, largePage, handle uint64) uint64 {
+	track := uint64(math.MaxUint64)
+	if gran <= math.MaxUint64/segment.MaxGranules {
+		track = segment.MaxGranules * gran
+	}
+	unit := max(gran, smallPage, largePage, roundLarge, min(handle, math.MaxUint64/4))
+	slack := uint64(math.MaxUint64)
+	if unit <= math.MaxUint64/2 {
+		slack = 2 * unit
+	}
+	return roundDown(track-min(track, slack), minBlockSize)
 }
 
 // newStreamState makes the state of stream s and registers s with the
@@ -413,6 +437,10 @@ func (a *Allocator) mallocSlow(size uint64, stream backend.Stream) (uintptr, err
 	if size > a.total {
 		return 0, fmt.Errorf("%w: %d bytes is larger than device %d's %d bytes", ErrInvalidSize, size, a.dev, a.total)
 	}
+	rounded := a.roundSize(size)
+	if rounded < size || rounded > a.maxBlock { // wrapped past 2^64, or beyond any segment
+		return 0, fmt.Errorf("%w: %d bytes rounds up to more than the largest block one segment holds (%d bytes)", ErrInvalidSize, size, a.maxBlock)
+	}
 	ss, err := a.stream(stream)
 	if err != nil {
 		return 0, err
@@ -420,7 +448,6 @@ func (a *Allocator) mallocSlow(size uint64, stream backend.Stream) (uintptr, err
 	if a.pending > 0 {
 		a.processEvents()
 	}
-	rounded := a.roundSize(size)
 	p := a.poolFor(rounded)
 	b, addr, bsize := a.bestFit(ss, p, rounded)
 	if b == arena.NoBlock {
