@@ -1,6 +1,7 @@
 package allocator
 
 import (
+	"fmt"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -84,4 +85,100 @@ func TestReleasedStateNotReusedDuringWait(t *testing.T) {
 	assert.Empty(t, d.Violations())
 	require.NoError(t, a.Check())
 	_ = backend.Stream(0)
+}
+
+// TestFaultsDuringLargeGrowthAndDefrag injects each driver fault, at each
+// call of its kind, into growths that map 64 MiB handles (segment.MapLarge)
+// after a defragmentation that unmaps holes (unmap faults included).
+// A failed Malloc changes nothing the caller sees: allocated, active and
+// requested bytes and counts; reserved bytes may only have dropped (the
+// defrag before the growth is kept); the driver holds exactly what the
+// allocator accounts for (Check against the emulator), no handle leaks,
+// and the allocator serves the same request once the fault is cleared.
+func TestFaultsDuringLargeGrowthAndDefrag(t *testing.T) {
+	const mib = 1 << 20
+	ops := []backend.Op{backend.OpCreate, backend.OpMap, backend.OpSetAccess, backend.OpUnmap, backend.OpFree, backend.OpReserve, backend.OpStreamSync}
+	for _, op := range ops {
+		for k := 1; k <= 4; k++ {
+			t.Run(fmt.Sprintf("%s#%d", op, k), func(t *testing.T) {
+				a, e := newAlloc(t, "handle_cache_mb:0", emulated.WithCapacity(8<<30))
+				// Holes of 60 MiB between pins, then a peak of 364 MiB
+				// allocated is passed, so the 300 MiB growth below first
+				// unmaps holes (defrag), then maps 64 MiB handles.
+				var held []uintptr
+				for _, n := range []uint64{60, 2, 60, 2, 60, 2} {
+					p, err := a.Malloc(n*mib, 0)
+					require.NoError(t, err)
+					held = append(held, p)
+				}
+				for _, i := range []int{0, 2, 4} {
+					require.NoError(t, a.Free(held[i]))
+				}
+				mustCheck(t, a, e)
+				before := a.Stats()
+				liveBefore := e.Live()
+				require.NoError(t, e.FailNth(op, k, backend.ErrUnavailable))
+				p, err := a.Malloc(300*mib, 0)
+				fired := e.Failures(op)
+				e.ClearFaults()
+				after := a.Stats()
+				switch op {
+				case backend.OpCreate, backend.OpMap, backend.OpSetAccess:
+					// The k-th of the growth's five 64 MiB handles fails.
+					require.EqualValues(t, 1, fired)
+					require.Error(t, err)
+				case backend.OpUnmap:
+					// The defrag's unmap fails: the growth goes on.
+					require.EqualValues(t, 1, fired)
+					require.NoError(t, err)
+				}
+				if err != nil {
+					assert.ErrorIs(t, err, backend.ErrUnavailable)
+					assert.Zero(t, p)
+					for _, c := range []struct {
+						name    string
+						was, is stats.StatArray
+					}{
+						{"allocated", before.AllocatedBytes, after.AllocatedBytes},
+						{"allocations", before.Allocation, after.Allocation},
+						{"active", before.ActiveBytes, after.ActiveBytes},
+						{"requested", before.RequestedBytes, after.RequestedBytes},
+					} {
+						assert.Equal(t, c.was[stats.AllPools].Current, c.is[stats.AllPools].Current, c.name)
+					}
+					assert.LessOrEqual(t, after.ReservedBytes[stats.AllPools].Current, before.ReservedBytes[stats.AllPools].Current)
+					assert.LessOrEqual(t, e.Live().MappedBytes, liveBefore.MappedBytes)
+				} else {
+					// What the fault did not hit: the defrag unmapped
+					// holes, the growth mapped 64 MiB handles.
+					if fired == 0 {
+						assert.Less(t, after.ReservedBytes[stats.AllPools].Current, before.ReservedBytes[stats.AllPools].Current+300*mib, "defrag unmapped holes")
+					}
+					var large int
+					for _, h := range e.Handles() {
+						if h.Size == 64*mib {
+							large++
+						}
+					}
+					assert.GreaterOrEqual(t, large, 4, "64 MiB growth handles")
+					require.NoError(t, a.Free(p))
+				}
+				mustCheck(t, a, e)
+				live := e.Live()
+				assert.Equal(t, uint64(a.MemoryReserved()), live.MappedBytes, "mapped bytes the driver holds")
+				assert.Zero(t, live.FreedPending)
+				p, err = a.Malloc(300*mib, 0)
+				require.NoError(t, err)
+				require.NoError(t, a.Free(p))
+				for _, i := range []int{1, 3, 5} {
+					require.NoError(t, a.Free(held[i]))
+				}
+				mustCheck(t, a, e)
+				require.NoError(t, a.EmptyCache())
+				assert.Zero(t, a.MemoryReserved())
+				assert.Zero(t, e.Live().Handles, "no handle left once the cache is empty")
+				mustCheck(t, a, e)
+			})
+		}
+	}
 }
