@@ -828,7 +828,8 @@ func (a *Allocator) Close() error {
 	// in quiesceWaits until this one returns.
 	for _, ss := range a.sortedStreams() {
 		a.counters.StreamSyncs++
-		if err := a.waitUnlocked(func() error { return a.drv.StreamSynchronize(ss.stream) }); err != nil {
+		s := ss.stream
+		if err := a.waitUnlocked(func() error { return a.drv.StreamSynchronize(s) }); err != nil {
 			if !a.streamGone(ss.stream) {
 				errs = append(errs, err)
 				continue

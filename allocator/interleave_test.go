@@ -182,3 +182,49 @@ func TestFaultsDuringLargeGrowthAndDefrag(t *testing.T) {
 		}
 	}
 }
+
+// TestReleaseStreamDuringEmptyCacheWait: EmptyCache waits (without the
+// lock) for stream s before unmapping s's free handles, marked Releasing;
+// meanwhile ReleaseStream(s) returns and the caller destroys s. Whether
+// EmptyCache's wait then succeeds or fails (the stream is gone), the
+// marked memory ends with the idle owner and is returned, EmptyCache
+// reports no error, and no block is left on the forgotten stream.
+func TestReleaseStreamDuringEmptyCacheWait(t *testing.T) {
+	for _, c := range []struct {
+		name string
+		fail error
+	}{{"wait succeeds", nil}, {"wait fails: stream destroyed", backend.ErrInvalidArgument}} {
+		t.Run(c.name, func(t *testing.T) {
+			d := newGateDriver(t, emulated.WithManualCompletion())
+			a, err := New(d, DefaultConfig())
+			require.NoError(t, err)
+			defer a.Close()
+			s, err := d.StreamCreate(0)
+			require.NoError(t, err)
+			keep, err := a.Malloc(1<<20, 0) // the default stream keeps a block
+			require.NoError(t, err)
+			p, err := a.Malloc(60<<20, s)
+			require.NoError(t, err)
+			require.NoError(t, a.Free(p))
+			require.Equal(t, uint64(62<<20), a.MemoryReserved())
+
+			d.hold(s, c.fail)
+			emptied := make(chan error, 1)
+			go func() { emptied <- a.EmptyCache() }()
+			<-d.entered
+			require.NoError(t, within(t, "ReleaseStream", func() error { return a.ReleaseStream(s) }))
+			require.NoError(t, d.StreamDestroy(s))
+			d.release()
+			require.NoError(t, <-emptied)
+			require.NoError(t, a.Check())
+			require.NoError(t, a.EmptyCache())
+			assert.Equal(t, uint64(2<<20), a.MemoryReserved(), "only the default stream's page is left")
+			require.NoError(t, a.Free(keep))
+			require.NoError(t, a.EmptyCache())
+			assert.Zero(t, a.MemoryReserved())
+			assert.Zero(t, a.Stats().Active[stats.AllPools].Current)
+			assert.Empty(t, d.Violations())
+			require.NoError(t, a.Check())
+		})
+	}
+}

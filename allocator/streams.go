@@ -309,7 +309,10 @@ func (a *Allocator) retire(ss *streamState) error {
 	a.keepEmpty = true
 	defer func() { a.keepEmpty = false }()
 	err := a.releaseStream(ss, 0, false) // ss still known: dropping a segment finds its blocks' state
-	if ss.active > 0 || a.freeLen(ss) > 0 {
+	// Blocks left: allocated, pending, free, or Releasing under another
+	// call's wait without mu (a release that synchronizes ss: it commits
+	// or aborts them under the idle owner).
+	if a.heap.StreamBlocks(ss.sid) > 0 {
 		a.adoptIntoIdle(ss)
 		err = errors.Join(err, a.releaseIdle())
 	}
@@ -327,7 +330,7 @@ func (a *Allocator) retire(ss *streamState) error {
 // idle owner's. It walks every segment: it runs only when a released stream
 // still holds memory. mu held.
 func (a *Allocator) adoptIntoIdle(ss *streamState) {
-	if ss.active == 0 && a.freeLen(ss) == 0 {
+	if a.heap.StreamBlocks(ss.sid) == 0 {
 		return
 	}
 	_ = a.heap.MoveStream(ss.sid, a.idle.sid) // both registered
