@@ -27,9 +27,9 @@ type Allocator struct {
 	// plainRound: no roundup_power2_divisions bucket above 1, so
 	// roundSize is rounding up to 512 bytes. Set by New.
 	plainRound bool
-	// maxBlock is the largest rounded request one segment can hold, nbytes:
-	// segment.MaxGranules granules less room for the roundings growth
-	// applies. Only devices of tens of TiB and more come near it. Set by New.
+	// maxBlock is the largest rounded request one segment can hold, nbytes
+	// (maxBlockSize): 32 TiB at 2 MiB granules, so only devices of tens of
+	// TiB and more come near it. Set by New.
 	maxBlock uint64
 
 	mu       sync.Mutex
@@ -176,7 +176,7 @@ func New(drv backend.Driver, cfg Config) (*Allocator, error) {
 		vanished: make(map[backend.Stream]*streamState),
 	}
 	a.quiet.L = &a.mu
-	a.maxBlock = maxBlockSize(gran, cfg.SmallSegmentSize, cfg.LargeSegmentSize, cfg.ExpandableHandleSize)
+	a.maxBlock = maxBlockSize(gran, cfg.SmallSegmentSize, cfg.LargeSegmentSize)
 	a.plainRound = true
 	for _, d := range cfg.RoundupPower2Divisions {
 		a.plainRound = a.plainRound && d <= 1
@@ -248,22 +248,26 @@ func reservationSize(total, gran, page uint64) uint64 {
 }
 
 // maxBlockSize is the largest rounded request that one segment can hold
-// (Allocator.maxBlock): what a segment can track, segment.MaxGranules
-// granules, less twice the largest unit a growth rounds up to (granule,
-// page, growth handle, classic 2 MiB step), so that no rounding of the
-// request on its way to the driver wraps past 2^64 or past what a
-// segment tracks.
-func maxBlockSize(gran, smallPage, largePage, handle uint64) uint64 {
-	track := uint64(math.MaxUint64)
-	if gran <= math.MaxUint64/segment.MaxGranules {
+// (Allocator.maxBlock): the most bytes a segment tracks, segment.MaxGranules
+// granules (2^63 when that does not fit in 64 bits), so that rounding up
+// to any unit a growth rounds a request to (the granule, each pool's page,
+// a multiple of the granule, and the classic 2 MiB step) stays within it.
+// A request of at
+// most that many bytes keeps every rounding within what a segment tracks
+// and far from 2^64; growth handles of expandable_handle_mb do not round
+// up (segment.MapLarge maps the last one shorter).
+func maxBlockSize(gran, smallPage, largePage uint64) uint64 {
+	track := uint64(1) << 63
+	if gran <= track/segment.MaxGranules {
 		track = segment.MaxGranules * gran
 	}
-	unit := max(gran, smallPage, largePage, roundLarge, min(handle, math.MaxUint64/4))
-	slack := uint64(math.MaxUint64)
-	if unit <= math.MaxUint64/2 {
-		slack = 2 * unit
+	limit := track
+	for _, u := range []uint64{gran, smallPage, largePage, roundLarge} {
+		if u > 0 {
+			limit = min(limit, roundDown(track, u))
+		}
 	}
-	return roundDown(track-min(track, slack), minBlockSize)
+	return roundDown(limit, minBlockSize)
 }
 
 // newStreamState makes the state of stream s and registers s with the

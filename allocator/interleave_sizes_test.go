@@ -60,22 +60,59 @@ func TestSizesNearTwoTo64(t *testing.T) {
 	}
 }
 
-// TestMaxBlockSize: the largest block leaves room for every rounding and
-// never wraps, whatever the granule and page sizes.
+// TestMaxBlockSize: the largest block is what one segment tracks, a
+// request rounded up to any unit a growth rounds to still fits, never near 2^64, and not
+// shrunk by a large expandable_handle_mb or large_segment_size_mb.
 func TestMaxBlockSize(t *testing.T) {
+	const mib, tib = 1 << 20, 1 << 40
 	for _, c := range []struct {
-		gran, small, large, handle uint64
-		want                       uint64
+		gran, small, large uint64
+		want               uint64
 	}{
-		{2 << 20, 2 << 20, 20 << 20, 64 << 20, 32<<40 - 128<<20},
-		{64 << 10, 2 << 20, 20 << 20, 64 << 20, 1<<40 - 128<<20},
-		{2 << 20, 2 << 20, 20 << 20, 0, 32<<40 - 40<<20},
-		{1 << 40, 1 << 40, 1 << 40, 1 << 40, 0xfffffdfffffffe00}, // track saturates at 2^64-1
-		{1 << 62, 1 << 62, 1 << 62, 1 << 62, 0x7ffffffffffffe00},
-		{1 << 63, 1 << 63, 1 << 63, math.MaxUint64, 0},
+		{2 * mib, 2 * mib, 20 * mib, 32*tib - 12*mib}, // 32 TiB down to a 20 MiB multiple
+		{2 * mib, 2 * mib, 16 * tib, 32 * tib},
+		{64 << 10, 2 * mib, 20 * mib, tib - 16*mib},
+		{2 * mib, 2 * mib, 2 * mib, 32 * tib},
+		{1 << 40, 1 << 40, 1 << 40, 1 << 63},
+		{2 * mib, 6 * mib, 20 * mib, 32*tib - 12*mib},
+		{1 << 61, 1 << 61, 3 << 61, 3 << 61}, // the cap 2^63 is below 2^24 granules
 	} {
-		got := maxBlockSize(c.gran, c.small, c.large, c.handle)
+		got := maxBlockSize(c.gran, c.small, c.large)
 		assert.Equal(t, c.want, got, "%+v", c)
 		assert.Zero(t, got%minBlockSize)
+		track := uint64(1) << 63
+		if c.gran <= track>>24 {
+			track = c.gran << 24
+		}
+		for _, u := range []uint64{c.gran, c.small, c.large, roundLarge} {
+			assert.LessOrEqual(t, roundUp(got, u), track, "%+v: rounded up to %d", c, u)
+			assert.GreaterOrEqual(t, roundUp(got, u), got, "%+v: no wrap rounding up to %d", c, u)
+		}
+	}
+}
+
+// TestLargeHandleAndPageConfigsStillAllocate: the largest
+// expandable_handle_mb and large_segment_size_mb do not shrink the
+// largest block (a growth maps its last handle shorter).
+func TestLargeHandleAndPageConfigsStillAllocate(t *testing.T) {
+	for _, c := range []struct {
+		conf     string
+		maxBlock uint64
+	}{
+		{"expandable_handle_mb:16777216", 32<<40 - 12<<20}, // 32 TiB down to a 20 MiB page
+		{"expandable_handle_mb:0", 32<<40 - 12<<20},
+		{"large_segment_size_mb:1024", 32 << 40},
+	} {
+		conf := c.conf
+		t.Run(conf, func(t *testing.T) {
+			a, e := newAlloc(t, conf, emulated.WithCapacity(8<<30))
+			assert.Equal(t, c.maxBlock, a.maxBlock)
+			for _, n := range []uint64{1, 1 << 20, 100 << 20} {
+				p, err := a.Malloc(n, 0)
+				require.NoError(t, err, "Malloc(%d)", n)
+				require.NoError(t, a.Free(p))
+			}
+			mustCheck(t, a, e)
+		})
 	}
 }
