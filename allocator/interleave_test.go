@@ -1,6 +1,7 @@
 package allocator
 
 import (
+	"errors"
 	"fmt"
 	"testing"
 
@@ -223,6 +224,67 @@ func TestReleaseStreamDuringEmptyCacheWait(t *testing.T) {
 			require.NoError(t, a.EmptyCache())
 			assert.Zero(t, a.MemoryReserved())
 			assert.Zero(t, a.Stats().Active[stats.AllPools].Current)
+			assert.Empty(t, d.Violations())
+			require.NoError(t, a.Check())
+		})
+	}
+}
+
+// TestCallsDuringFreeFallbackWait: while Free(p) waits without the lock
+// for a stream recorded on p (its event record failed), each other call
+// that touches p's streams runs to completion; when the wait ends, p is
+// free exactly once, no memory is lost or double counted, and the
+// invariants hold.
+func TestCallsDuringFreeFallbackWait(t *testing.T) {
+	for _, c := range []struct {
+		name   string
+		during func(a *Allocator, owner, recorded backend.Stream) error
+	}{
+		{"ReleaseStream of the owner", func(a *Allocator, owner, _ backend.Stream) error { return a.ReleaseStream(owner) }},
+		{"ReleaseStream of the recorded stream", func(a *Allocator, _, rec backend.Stream) error { return a.ReleaseStream(rec) }},
+		{"EmptyCache", func(a *Allocator, _, _ backend.Stream) error { return a.EmptyCache() }},
+		{"Synchronize the owner", func(a *Allocator, owner, _ backend.Stream) error { return a.Synchronize(owner) }},
+		{"pair on the owner", func(a *Allocator, owner, _ backend.Stream) error { return pairOn(a, owner)() }},
+		{"Malloc 100 MiB on the owner", func(a *Allocator, owner, _ backend.Stream) error {
+			q, err := a.Malloc(100<<20, owner)
+			if err != nil {
+				return err
+			}
+			return a.Free(q)
+		}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			d := newGateDriver(t, emulated.WithManualCompletion())
+			a, err := New(d, DefaultConfig())
+			require.NoError(t, err)
+			defer a.Close()
+			owner, err := d.StreamCreate(0)
+			require.NoError(t, err)
+			rec, err := d.StreamCreate(0)
+			require.NoError(t, err)
+			p, err := a.Malloc(30<<20, owner)
+			require.NoError(t, err)
+			require.NoError(t, d.Launch(rec, p, 4096))
+			require.NoError(t, a.RecordStream(p, rec))
+			require.NoError(t, d.FailNth(backend.OpEventRecord, 1, backend.ErrUnavailable))
+
+			d.hold(rec, nil)
+			freed := make(chan error, 1)
+			go func() { freed <- a.Free(p) }()
+			<-d.entered
+			require.NoError(t, within(t, c.name, func() error { return c.during(a, owner, rec) }))
+			assert.ErrorIs(t, within(t, "second Free", func() error { return a.Free(p) }), ErrDoubleFree)
+			d.release()
+			require.NoError(t, <-freed)
+			// p is free once: a second Free is refused (ErrUnknownPointer
+			// once its memory went back to the driver).
+			err = a.Free(p)
+			assert.True(t, errors.Is(err, ErrDoubleFree) || errors.Is(err, ErrUnknownPointer), "%v", err)
+			require.NoError(t, a.Check())
+			assert.Zero(t, a.MemoryAllocated())
+			assert.Zero(t, a.Stats().Active[stats.AllPools].Current)
+			require.NoError(t, a.EmptyCache())
+			assert.Zero(t, a.MemoryReserved())
 			assert.Empty(t, d.Violations())
 			require.NoError(t, a.Check())
 		})
