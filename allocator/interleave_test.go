@@ -290,3 +290,69 @@ func TestCallsDuringFreeFallbackWait(t *testing.T) {
 		})
 	}
 }
+
+// TestReleaseAndDestroyDuringWaits: a call waits without the lock for
+// stream s (Synchronize; a Malloc whose defrag unmaps s's holes;
+// EmptyCache) while the caller releases and destroys s; the wait then
+// succeeds or fails as on a destroyed stream. The waiting call returns
+// nil or ErrInvalidStream, nothing is left on the forgotten stream, and
+// all memory goes back.
+func TestReleaseAndDestroyDuringWaits(t *testing.T) {
+	waiters := []struct {
+		name string
+		call func(a *Allocator, s backend.Stream) error
+	}{
+		{"Synchronize", func(a *Allocator, s backend.Stream) error { return a.Synchronize(s) }},
+		{"Malloc with defrag", func(a *Allocator, s backend.Stream) error {
+			p, err := a.Malloc(100<<20, s)
+			if err != nil {
+				return err
+			}
+			return a.Free(p)
+		}},
+		{"EmptyCache", func(a *Allocator, _ backend.Stream) error { return a.EmptyCache() }},
+	}
+	for _, w := range waiters {
+		for _, fail := range []error{nil, backend.ErrInvalidArgument} {
+			t.Run(fmt.Sprintf("%s/%v", w.name, fail), func(t *testing.T) {
+				d := newGateDriver(t, emulated.WithManualCompletion())
+				a, err := New(d, DefaultConfig())
+				require.NoError(t, err)
+				defer a.Close()
+				s, err := d.StreamCreate(0)
+				require.NoError(t, err)
+				var ptrs []uintptr
+				for i := 0; i < 8; i++ {
+					p, err := a.Malloc(20<<20, s)
+					require.NoError(t, err)
+					require.NoError(t, d.Launch(s, p, 4096))
+					ptrs = append(ptrs, p)
+				}
+				for i := 0; i < len(ptrs); i += 2 {
+					require.NoError(t, a.Free(ptrs[i]))
+				}
+				require.NoError(t, a.Synchronize(s))
+				d.hold(s, fail)
+				done := make(chan error, 1)
+				go func() { done <- w.call(a, s) }()
+				<-d.entered
+				require.NoError(t, within(t, "ReleaseStream", func() error { return a.ReleaseStream(s) }))
+				require.NoError(t, d.StreamDestroy(s))
+				d.release()
+				if err := <-done; err != nil {
+					assert.ErrorIs(t, err, ErrInvalidStream)
+				}
+				require.NoError(t, a.Check())
+				for i := 1; i < len(ptrs); i += 2 {
+					require.NoError(t, a.Free(ptrs[i]))
+				}
+				require.NoError(t, a.EmptyCache())
+				assert.Zero(t, a.MemoryReserved())
+				assert.Zero(t, a.Stats().Active[stats.AllPools].Current)
+				assert.Zero(t, a.Stats().StrandedBytes)
+				assert.Empty(t, d.Violations())
+				require.NoError(t, a.Check())
+			})
+		}
+	}
+}
