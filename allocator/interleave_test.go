@@ -356,3 +356,34 @@ func TestReleaseAndDestroyDuringWaits(t *testing.T) {
 		}
 	}
 }
+
+// TestFreeToReleasingStream: while ReleaseStream(s) waits for s, the
+// caller queues work on s that uses block p of s, then frees p (its last
+// use, queued before the Free, as stream order allows). ReleaseStream must
+// not unmap p's memory under that work: it waits for s again.
+func TestFreeToReleasingStream(t *testing.T) {
+	d := newGateDriver(t, emulated.WithManualCompletion())
+	a, err := New(d, DefaultConfig())
+	require.NoError(t, err)
+	defer a.Close()
+	s, err := d.StreamCreate(0)
+	require.NoError(t, err)
+	p, err := a.Malloc(40<<20, s)
+	require.NoError(t, err)
+	d.hold(s, nil)
+	released := make(chan error, 1)
+	go func() { released <- a.ReleaseStream(s) }()
+	<-d.entered
+	require.NoError(t, d.Launch(s, p, 40<<20)) // queued after the wait began
+	require.NoError(t, within(t, "Free", func() error { return a.Free(p) }))
+	d.release()
+	require.NoError(t, <-released)
+	assert.Empty(t, d.Violations(), "memory unmapped under work queued on the stream")
+	pending, err := d.Pending(s)
+	require.NoError(t, err)
+	assert.Zero(t, pending, "ReleaseStream waited for the work queued during its first wait")
+	require.NoError(t, a.Check())
+	require.NoError(t, a.EmptyCache())
+	assert.Zero(t, a.MemoryReserved())
+	require.NoError(t, a.Check())
+}

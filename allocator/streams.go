@@ -120,15 +120,19 @@ func (a *Allocator) ReleaseStream(s backend.Stream) error {
 	// Malloc takes. Only the events queued on s before a wait began are
 	// complete after it (retired counts them; processEvents may retire
 	// some meanwhile). A Free during the wait of a block recorded on s
-	// (RecordStream before this call) queues one more event: s is waited
-	// for again, so the state is forgotten with no event queued. Each
-	// such block queues at most one, so the loop ends.
+	// (RecordStream before this call) queues one more event, and a block
+	// of s freed meanwhile may be used by work queued on s after the wait
+	// began: s is waited for again, so the state is forgotten with no
+	// event queued and no such work. Each block queues at most one event
+	// and is freed at most once, and no Malloc on s starts meanwhile, so
+	// the loop ends.
 	ss.releasing = true
 	if a.lastS == ss {
 		a.lastS = nil // the fast path of stream() must not find it
 	}
 	for {
 		upTo := ss.retired + uint64(len(ss.queue))
+		freed := ss.freed
 		a.counters.StreamSyncs++
 		err := a.waitUnlocked(func() error { return a.drv.StreamSynchronize(s) })
 		if a.streams[s] != ss {
@@ -148,10 +152,14 @@ func (a *Allocator) ReleaseStream(s backend.Stream) error {
 			}
 			return nil
 		}
+		// A block freed to s during the wait may be used by work queued
+		// on s after the wait began (its last use, queued before Free):
+		// retire unmaps it without a further wait, so wait again.
+		freedDuring := ss.freed != freed
 		for ss.retired < upTo && len(ss.queue) > 0 { // recorded on s before the wait: complete now
 			a.eventDone(ss)
 		}
-		if len(ss.queue) == 0 {
+		if len(ss.queue) == 0 && !freedDuring {
 			break
 		}
 	}
