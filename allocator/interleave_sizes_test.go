@@ -4,10 +4,12 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"math/rand/v2"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	"github.com/vmmalloc/vmmalloc/backend"
 	"github.com/vmmalloc/vmmalloc/backend/emulated"
 	"github.com/vmmalloc/vmmalloc/stats"
 )
@@ -113,6 +115,75 @@ func TestLargeHandleAndPageConfigsStillAllocate(t *testing.T) {
 				require.NoError(t, a.Free(p))
 			}
 			mustCheck(t, a, e)
+		})
+	}
+}
+
+// TestRandomFaultsLargeHandles: a seeded random workload over two streams
+// with 64 and 128 MiB growth handles (and none), the defrag limit and the
+// reclaim of idle streams in play, while a random tenth of map, create,
+// set-access, unmap, free-handle and synchronize calls fail. After every
+// operation the invariants hold and the allocator agrees with the
+// emulator; a failed Malloc leaves allocated bytes unchanged; a failed
+// Free leaves the block allocated (it is freed again later).
+func TestRandomFaultsLargeHandles(t *testing.T) {
+	const mib = 1 << 20
+	for _, conf := range []string{"", "expandable_handle_mb:128", "expandable_handle_mb:0"} {
+		t.Run(conf, func(t *testing.T) {
+			a, e := newAlloc(t, conf, emulated.WithCapacity(2<<30))
+			s1, err := e.StreamCreate(0)
+			require.NoError(t, err)
+			streams := []backend.Stream{0, s1}
+			for i, op := range []backend.Op{backend.OpMap, backend.OpCreate, backend.OpSetAccess, backend.OpUnmap, backend.OpFree, backend.OpStreamSync} {
+				require.NoError(t, e.FailRandom(op, 0.1, uint64(i+1), backend.ErrUnavailable))
+			}
+			rng := rand.New(rand.NewPCG(1, 2))
+			type live struct {
+				p uintptr
+				n uint64
+			}
+			var held []live
+			var okMallocs, failedMallocs int
+			for step := 0; step < 400; step++ {
+				switch k := rng.IntN(10); {
+				case k < 5 || len(held) == 0:
+					n := uint64(rng.IntN(150)+1)*mib - uint64(rng.IntN(4096))
+					before := a.MemoryAllocated()
+					p, err := a.Malloc(n, streams[rng.IntN(2)])
+					if err != nil {
+						assert.Equal(t, before, a.MemoryAllocated(), "step %d: a failed Malloc(%d) allocated", step, n)
+						assert.Zero(t, p)
+						failedMallocs++
+						break
+					}
+					okMallocs++
+					held = append(held, live{p, n})
+				case k < 9:
+					i := rng.IntN(len(held))
+					if err := a.Free(held[i].p); err != nil {
+						require.ErrorIs(t, err, backend.ErrUnavailable, "step %d", step)
+						break
+					}
+					held = append(held[:i], held[i+1:]...)
+				default:
+					_ = a.EmptyCache() // may fail on an injected fault; Check says whether anything broke
+				}
+				require.NoError(t, a.Check(), "step %d", step)
+			}
+			e.ClearFaults()
+			assert.Positive(t, okMallocs)
+			assert.Positive(t, failedMallocs, "no injected fault reached a Malloc")
+			t.Logf("%d Mallocs, %d failed; %d unmaps and %d syncs failed", okMallocs+failedMallocs, failedMallocs, e.Failures(backend.OpUnmap), e.Failures(backend.OpStreamSync))
+			for _, h := range held {
+				require.NoError(t, a.Free(h.p))
+			}
+			require.NoError(t, a.EmptyCache())
+			assert.Zero(t, a.MemoryReserved())
+			assert.Zero(t, e.Live().Mappings)
+			assert.Zero(t, e.Live().Handles)
+			mustCheck(t, a, e)
+			require.NoError(t, a.ReleaseStream(s1))
+			require.NoError(t, e.StreamDestroy(s1))
 		})
 	}
 }
