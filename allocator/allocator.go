@@ -75,8 +75,12 @@ type streamState struct {
 	queue   []pendingEvent // events recorded on this stream, oldest first
 	busyIdx int            // index in Allocator.busy while queue is not empty, else -1
 	freed   uint64         // blocks freed to this stream, ever (Synchronize's wait without the lock)
-	active  int            // Allocated and PendingFree blocks of this stream
-	retired uint64         // events of queue retired, ever (ReleaseStream completes only those queued before its wait)
+	// frees counts Free calls that succeeded on blocks of this stream,
+	// ever, whether the block went free or pending on events:
+	// ReleaseStream waits again when one came during its wait.
+	frees   uint64
+	active  int    // Allocated and PendingFree blocks of this stream
+	retired uint64 // events of queue retired, ever (ReleaseStream completes only those queued before its wait)
 	// releasing: ReleaseStream is waiting for the stream without mu;
 	// stream() refuses it, so no Malloc, RecordStream or Synchronize
 	// starts on it, and it is never lastS.
@@ -599,6 +603,7 @@ func (a *Allocator) countFree(pk arena.Peek) *streamState {
 	ss.idle = false
 	ss.active--
 	ss.freed++
+	ss.frees++
 	return ss
 }
 
@@ -628,6 +633,7 @@ func (a *Allocator) freeSlow(ptr uintptr) error {
 		a.histFreeRequested(b)
 	}
 	pk, _ := a.heap.Peek(b)
+	a.states[pk.Stream].frees++
 	p := &a.pools[pk.Pool]
 	a.st.Allocation.Dec(p.kind, 1)
 	a.st.AllocatedBytes.Dec(p.kind, int64(pk.Size))

@@ -387,3 +387,37 @@ func TestFreeToReleasingStream(t *testing.T) {
 	assert.Zero(t, a.MemoryReserved())
 	require.NoError(t, a.Check())
 }
+
+// TestPendingFreeToReleasingStream: as TestFreeToReleasingStream, but p
+// was recorded on another stream s2, so its Free during ReleaseStream's
+// wait leaves it pending on s2's event. Once that event completes, p's
+// memory (by then the idle owner's, unmapped at once) must not be under
+// the work queued on s during the wait.
+func TestPendingFreeToReleasingStream(t *testing.T) {
+	d := newGateDriver(t, emulated.WithManualCompletion())
+	a, err := New(d, DefaultConfig())
+	require.NoError(t, err)
+	defer a.Close()
+	s, err := d.StreamCreate(0)
+	require.NoError(t, err)
+	s2, err := d.StreamCreate(0)
+	require.NoError(t, err)
+	p, err := a.Malloc(40<<20, s)
+	require.NoError(t, err)
+	require.NoError(t, a.RecordStream(p, s2))
+	d.hold(s, nil)
+	released := make(chan error, 1)
+	go func() { released <- a.ReleaseStream(s) }()
+	<-d.entered
+	require.NoError(t, d.Launch(s, p, 40<<20)) // queued after the wait began
+	require.NoError(t, within(t, "Free", func() error { return a.Free(p) }))
+	d.release()
+	require.NoError(t, <-released)
+	require.NoError(t, a.Synchronize(s2)) // p's event completes: p is freed
+	assert.Empty(t, d.Violations(), "memory unmapped under work queued on the stream")
+	require.NoError(t, a.Check())
+	require.NoError(t, a.EmptyCache())
+	assert.Zero(t, a.MemoryReserved())
+	assert.Zero(t, a.Stats().Active[stats.AllPools].Current)
+	require.NoError(t, a.Check())
+}

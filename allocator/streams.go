@@ -84,8 +84,10 @@ var errNoDeviceSync = errors.New("vmmalloc: the driver cannot synchronize the de
 // The wait runs without the allocator's lock: calls on other streams go
 // on meanwhile, and Malloc, RecordStream, Synchronize and ReleaseStream
 // on s fail with ErrInvalidStream until it returns. A block freed
-// meanwhile that was recorded on s (RecordStream before this call) is
-// freed after a second wait for s.
+// meanwhile that was recorded on s (RecordStream before this call), or
+// that belongs to s, makes ReleaseStream wait for s a second time, so
+// work queued on s during the first wait is complete before s's memory
+// is returned.
 //
 // If waiting for s fails, ReleaseStream returns the error and nothing
 // changes. If s was destroyed already, its memory is released after a
@@ -121,18 +123,19 @@ func (a *Allocator) ReleaseStream(s backend.Stream) error {
 	// complete after it (retired counts them; processEvents may retire
 	// some meanwhile). A Free during the wait of a block recorded on s
 	// (RecordStream before this call) queues one more event, and a block
-	// of s freed meanwhile may be used by work queued on s after the wait
-	// began: s is waited for again, so the state is forgotten with no
-	// event queued and no such work. Each block queues at most one event
-	// and is freed at most once, and no Malloc on s starts meanwhile, so
-	// the loop ends.
+	// of s freed meanwhile (free or pending) may be used by work queued
+	// on s after the wait began: s is waited for again (streamState.frees
+	// counts such Frees), so the state is forgotten with no event queued
+	// and no such work. Each block queues at most one event and is freed
+	// at most once, and no Malloc on s starts meanwhile, so the loop
+	// ends.
 	ss.releasing = true
 	if a.lastS == ss {
 		a.lastS = nil // the fast path of stream() must not find it
 	}
 	for {
 		upTo := ss.retired + uint64(len(ss.queue))
-		freed := ss.freed
+		frees := ss.frees
 		a.counters.StreamSyncs++
 		err := a.waitUnlocked(func() error { return a.drv.StreamSynchronize(s) })
 		if a.streams[s] != ss {
@@ -152,10 +155,12 @@ func (a *Allocator) ReleaseStream(s backend.Stream) error {
 			}
 			return nil
 		}
-		// A block freed to s during the wait may be used by work queued
-		// on s after the wait began (its last use, queued before Free):
-		// retire unmaps it without a further wait, so wait again.
-		freedDuring := ss.freed != freed
+		// A block of s freed during the wait (to s's free lists, or
+		// pending on events of other streams) may be used by work queued
+		// on s after the wait began (its last use, queued before Free);
+		// retire, and the idle owner once the block is free, unmap it
+		// without a further wait for s, so wait again.
+		freedDuring := ss.frees != frees
 		for ss.retired < upTo && len(ss.queue) > 0 { // recorded on s before the wait: complete now
 			a.eventDone(ss)
 		}
