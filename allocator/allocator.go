@@ -27,6 +27,10 @@ type Allocator struct {
 	// plainRound: no roundup_power2_divisions bucket above 1, so
 	// roundSize is rounding up to 512 bytes. Set by New.
 	plainRound bool
+	// maxBlock is the largest rounded request one segment can hold, nbytes
+	// (maxBlockSize): 32 TiB at 2 MiB granules, so only devices of tens of
+	// TiB and more come near it. Set by New.
+	maxBlock uint64
 
 	mu       sync.Mutex
 	quiet    sync.Cond                          // signalled (L = &mu) when inflight drops to 0
@@ -71,8 +75,12 @@ type streamState struct {
 	queue   []pendingEvent // events recorded on this stream, oldest first
 	busyIdx int            // index in Allocator.busy while queue is not empty, else -1
 	freed   uint64         // blocks freed to this stream, ever (Synchronize's wait without the lock)
-	active  int            // Allocated and PendingFree blocks of this stream
-	retired uint64         // events of queue retired, ever (ReleaseStream completes only those queued before its wait)
+	// frees counts Free calls that succeeded on blocks of this stream,
+	// ever, whether the block went free or pending on events:
+	// ReleaseStream waits again when one came during its wait.
+	frees   uint64
+	active  int    // Allocated and PendingFree blocks of this stream
+	retired uint64 // events of queue retired, ever (ReleaseStream completes only those queued before its wait)
 	// releasing: ReleaseStream is waiting for the stream without mu;
 	// stream() refuses it, so no Malloc, RecordStream or Synchronize
 	// starts on it, and it is never lastS.
@@ -172,6 +180,7 @@ func New(drv backend.Driver, cfg Config) (*Allocator, error) {
 		vanished: make(map[backend.Stream]*streamState),
 	}
 	a.quiet.L = &a.mu
+	a.maxBlock = maxBlockSize(gran, cfg.SmallSegmentSize, cfg.LargeSegmentSize)
 	a.plainRound = true
 	for _, d := range cfg.RoundupPower2Divisions {
 		a.plainRound = a.plainRound && d <= 1
@@ -240,6 +249,29 @@ func reservationSize(total, gran, page uint64) uint64 {
 		return limit
 	}
 	return min(roundUp(want, page), limit)
+}
+
+// maxBlockSize is the largest rounded request that one segment can hold
+// (Allocator.maxBlock): the most bytes a segment tracks, segment.MaxGranules
+// granules (2^63 when that does not fit in 64 bits), so that rounding up
+// to any unit a growth rounds a request to (the granule, each pool's page,
+// a multiple of the granule, and the classic 2 MiB step) stays within it.
+// A request of at
+// most that many bytes keeps every rounding within what a segment tracks
+// and far from 2^64; growth handles of expandable_handle_mb do not round
+// up (segment.MapLarge maps the last one shorter).
+func maxBlockSize(gran, smallPage, largePage uint64) uint64 {
+	track := uint64(1) << 63
+	if gran <= track/segment.MaxGranules {
+		track = segment.MaxGranules * gran
+	}
+	limit := track
+	for _, u := range []uint64{gran, smallPage, largePage, roundLarge} {
+		if u > 0 {
+			limit = min(limit, roundDown(track, u))
+		}
+	}
+	return roundDown(limit, minBlockSize)
 }
 
 // newStreamState makes the state of stream s and registers s with the
@@ -413,6 +445,10 @@ func (a *Allocator) mallocSlow(size uint64, stream backend.Stream) (uintptr, err
 	if size > a.total {
 		return 0, fmt.Errorf("%w: %d bytes is larger than device %d's %d bytes", ErrInvalidSize, size, a.dev, a.total)
 	}
+	rounded := a.roundSize(size)
+	if rounded < size || rounded > a.maxBlock { // wrapped past 2^64, or beyond any segment
+		return 0, fmt.Errorf("%w: %d bytes rounds up to more than the largest block one segment holds (%d bytes)", ErrInvalidSize, size, a.maxBlock)
+	}
 	ss, err := a.stream(stream)
 	if err != nil {
 		return 0, err
@@ -420,7 +456,6 @@ func (a *Allocator) mallocSlow(size uint64, stream backend.Stream) (uintptr, err
 	if a.pending > 0 {
 		a.processEvents()
 	}
-	rounded := a.roundSize(size)
 	p := a.poolFor(rounded)
 	b, addr, bsize := a.bestFit(ss, p, rounded)
 	if b == arena.NoBlock {
@@ -568,6 +603,7 @@ func (a *Allocator) countFree(pk arena.Freed) *streamState {
 	ss.idle = false
 	ss.active--
 	ss.freed++
+	ss.frees++
 	return ss
 }
 
@@ -597,6 +633,7 @@ func (a *Allocator) freeSlow(ptr uintptr) error {
 		a.histFreeRequested(b)
 	}
 	pk, _ := a.heap.Peek(b)
+	a.states[pk.Stream].frees++
 	p := &a.pools[pk.Pool]
 	a.st.Allocation.Dec(p.kind, 1)
 	a.st.AllocatedBytes.Dec(p.kind, int64(pk.Size))
@@ -801,7 +838,8 @@ func (a *Allocator) Close() error {
 	// in quiesceWaits until this one returns.
 	for _, ss := range a.sortedStreams() {
 		a.counters.StreamSyncs++
-		if err := a.waitUnlocked(func() error { return a.drv.StreamSynchronize(ss.stream) }); err != nil {
+		s := ss.stream
+		if err := a.waitUnlocked(func() error { return a.drv.StreamSynchronize(s) }); err != nil {
 			if !a.streamGone(ss.stream) {
 				errs = append(errs, err)
 				continue

@@ -214,8 +214,15 @@
 //     Synchronize or second ReleaseStream starts on it; it completes only
 //     the events queued on the stream before its wait (streamState.retired
 //     counts them), and waits again while a Free during the wait queued
-//     another, so the state is forgotten with none queued. A failed wait
-//     clears the mark and changes nothing else.
+//     another or freed a block of the stream (streamState.frees), so the
+//     state is forgotten with none queued and no work queued during the
+//     wait left. A failed wait clears the mark and changes nothing else.
+//     Blocks of the stream that another call's release holds Releasing
+//     go to the idle owner with the rest; that call's wait failing
+//     afterwards (the caller destroyed the stream) is then moot. A
+//     retired state is kept for reuse, but reused for a new stream only
+//     while no wait runs without mu, so a caller that held it across a
+//     wait finds it no longer owning its stream (owns).
 //   - insertEvents, Free's fallback when an event cannot be recorded
 //     (StreamSynchronize of each such stream): marks the block in
 //     Allocator.freeing, so another Free or RecordStream of it fails with

@@ -316,12 +316,20 @@ func (a *Allocator) releaseStreamPool(ss *streamState, onlyPool int, target uint
 		return nil
 	}
 	a.counters.StreamSyncs++
-	err := a.waitUnlocked(func() error { return a.drv.StreamSynchronize(ss.stream) })
+	s := ss.stream // read under mu: a ReleaseStream meanwhile may recycle ss
+	err := a.waitUnlocked(func() error { return a.drv.StreamSynchronize(s) })
 	if err != nil {
 		for _, rel := range rels {
 			_, _ = a.heap.AbortRelease(rel)
 		}
-		if a.streams[ss.stream] != ss || !a.streamGone(ss.stream) {
+		if !a.owns(ss) {
+			// ReleaseStream retired ss meanwhile, after its own wait
+			// for ss: the marked blocks went to the idle owner, with
+			// their work complete, and the caller may have destroyed
+			// the stream since, so this wait's failure says nothing.
+			return a.releaseIdle()
+		}
+		if a.streams[s] != ss || !a.streamGone(s) {
 			return err
 		}
 		// Destroyed behind our back: its memory is released once a
@@ -504,12 +512,13 @@ func (a *Allocator) Synchronize(stream backend.Stream) error {
 	// The wait runs without mu. Blocks freed to ss meanwhile may have work
 	// queued after the wait began, so the release below waits again (with
 	// the blocks marked) if any was.
-	if err := a.waitUnlocked(func() error { return a.drv.StreamSynchronize(ss.stream) }); err != nil {
-		if !a.streamGone(ss.stream) {
+	s := ss.stream // read under mu: a ReleaseStream meanwhile may recycle ss
+	if err := a.waitUnlocked(func() error { return a.drv.StreamSynchronize(s) }); err != nil {
+		if !a.streamGone(s) {
 			return err
 		}
 		a.vanish(ss)
-		return fmt.Errorf("%w: stream %d was destroyed: %w", ErrInvalidStream, ss.stream, errors.Join(err, a.quiesce()))
+		return fmt.Errorf("%w: stream %d was destroyed: %w", ErrInvalidStream, s, errors.Join(err, a.quiesce()))
 	}
 	if a.closed {
 		return ErrClosed

@@ -84,8 +84,10 @@ var errNoDeviceSync = errors.New("vmmalloc: the driver cannot synchronize the de
 // The wait runs without the allocator's lock: calls on other streams go
 // on meanwhile, and Malloc, RecordStream, Synchronize and ReleaseStream
 // on s fail with ErrInvalidStream until it returns. A block freed
-// meanwhile that was recorded on s (RecordStream before this call) is
-// freed after a second wait for s.
+// meanwhile that was recorded on s (RecordStream before this call), or
+// that belongs to s, makes ReleaseStream wait for s a second time, so
+// work queued on s during the first wait is complete before s's memory
+// is returned.
 //
 // If waiting for s fails, ReleaseStream returns the error and nothing
 // changes. If s was destroyed already, its memory is released after a
@@ -120,15 +122,20 @@ func (a *Allocator) ReleaseStream(s backend.Stream) error {
 	// Malloc takes. Only the events queued on s before a wait began are
 	// complete after it (retired counts them; processEvents may retire
 	// some meanwhile). A Free during the wait of a block recorded on s
-	// (RecordStream before this call) queues one more event: s is waited
-	// for again, so the state is forgotten with no event queued. Each
-	// such block queues at most one, so the loop ends.
+	// (RecordStream before this call) queues one more event, and a block
+	// of s freed meanwhile (free or pending) may be used by work queued
+	// on s after the wait began: s is waited for again (streamState.frees
+	// counts such Frees), so the state is forgotten with no event queued
+	// and no such work. Each block queues at most one event and is freed
+	// at most once, and no Malloc on s starts meanwhile, so the loop
+	// ends.
 	ss.releasing = true
 	if a.lastS == ss {
 		a.lastS = nil // the fast path of stream() must not find it
 	}
 	for {
 		upTo := ss.retired + uint64(len(ss.queue))
+		frees := ss.frees
 		a.counters.StreamSyncs++
 		err := a.waitUnlocked(func() error { return a.drv.StreamSynchronize(s) })
 		if a.streams[s] != ss {
@@ -148,10 +155,16 @@ func (a *Allocator) ReleaseStream(s backend.Stream) error {
 			}
 			return nil
 		}
+		// A block of s freed during the wait (to s's free lists, or
+		// pending on events of other streams) may be used by work queued
+		// on s after the wait began (its last use, queued before Free);
+		// retire, and the idle owner once the block is free, unmap it
+		// without a further wait for s, so wait again.
+		freedDuring := ss.frees != frees
 		for ss.retired < upTo && len(ss.queue) > 0 { // recorded on s before the wait: complete now
 			a.eventDone(ss)
 		}
-		if len(ss.queue) == 0 {
+		if len(ss.queue) == 0 && !freedDuring {
 			break
 		}
 	}
@@ -272,9 +285,13 @@ func (a *Allocator) quiesce() error {
 const maxSpareStates = 16
 
 // newState returns an empty state for stream s, registered with the heap,
-// reusing a spare one when there is one. mu held.
+// reusing a spare one when there is one and no wait runs without mu: a
+// caller waiting holds the state of its stream, which may be retired
+// meanwhile, and checks after the wait that the state still owns its
+// stream (owns); a spare state reborn for another stream would pass that
+// check and serve the wrong stream. mu held.
 func (a *Allocator) newState(s backend.Stream) (*streamState, error) {
-	if n := len(a.spare); n > 0 {
+	if n := len(a.spare); n > 0 && a.inflight == 0 {
 		ss := a.spare[n-1]
 		ss.stream = s
 		if err := a.register(ss); err != nil {
@@ -305,7 +322,10 @@ func (a *Allocator) retire(ss *streamState) error {
 	a.keepEmpty = true
 	defer func() { a.keepEmpty = false }()
 	err := a.releaseStream(ss, 0, false) // ss still known: dropping a segment finds its blocks' state
-	if ss.active > 0 || a.freeLen(ss) > 0 {
+	// Blocks left: allocated, pending, free, or Releasing under another
+	// call's wait without mu (a release that synchronizes ss: it commits
+	// or aborts them under the idle owner).
+	if a.heap.StreamBlocks(ss.sid) > 0 {
 		a.adoptIntoIdle(ss)
 		err = errors.Join(err, a.releaseIdle())
 	}
@@ -323,7 +343,7 @@ func (a *Allocator) retire(ss *streamState) error {
 // idle owner's. It walks every segment: it runs only when a released stream
 // still holds memory. mu held.
 func (a *Allocator) adoptIntoIdle(ss *streamState) {
-	if ss.active == 0 && a.freeLen(ss) == 0 {
+	if a.heap.StreamBlocks(ss.sid) == 0 {
 		return
 	}
 	_ = a.heap.MoveStream(ss.sid, a.idle.sid) // both registered
