@@ -37,6 +37,9 @@
 // Access is granted per physical handle, the driver's unit of sharing: a
 // peer admitted to one allocation can reach every allocation that lies in
 // the same handles (PyTorch shares whole segments for the same reason).
+// The large pool's handles are its pages (20 MiB by default), or
+// expandable_handle_mb (64 MiB) for large growths; expandable_handle_mb:0
+// keeps them at a page where the exposure matters.
 // Whitelists only grow: a failing Export may have whitelisted its pids on
 // some handles already.
 //
