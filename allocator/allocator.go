@@ -29,23 +29,28 @@ type Allocator struct {
 	plainRound bool
 
 	mu       sync.Mutex
-	quiet    sync.Cond                          // signalled (L = &mu) when inflight drops to 0
-	inflight int                                // driver waits running with mu dropped (waitUnlocked); mu
-	defaultS backend.Stream                     // the default stream; 0 once Close destroyed it; mu
-	closed   bool                               // guarded by mu
-	heap     *arena.Heap                        // every block: storage, split, coalesce, best fit (arena.Heap); mu
-	states   []*streamState                     // stream states by arena.StreamID; mu
-	segOf    []*seg                             // segments by arena.RegionID; mu
-	uses     map[arena.BlockID][]backend.Stream // other streams recorded on allocated blocks (RecordStream); mu
-	freeing  map[arena.BlockID]bool             // allocated blocks whose Free waits without mu (insertEvents); mu
-	streams  map[backend.Stream]*streamState    // validated streams in use; mu
-	idle     *streamState                       // owner of memory of released streams (see streams.go); mu
-	vanished map[backend.Stream]*streamState    // streams destroyed behind the allocator's back; mu
-	ghosts   uint64                             // ghost ids given to vanished streams whose id was reused; mu
-	busy     []*streamState                     // streams with queued events, any order; mu
-	stranded []arena.BlockID                    // PendingFree blocks waiting on a vanished stream's work; mu
-	lastS    *streamState                       // most recently used stream; mu
-	spare    []*streamState                     // empty states of released streams for reuse, at most maxSpareStates; mu
+	quiet    sync.Cond // signalled (L = &mu) when inflight drops to 0
+	inflight int       // driver waits running with mu dropped (waitUnlocked); mu
+	grown    sync.Cond // signalled (L = &mu) when growing drops to 0
+	// growing counts growths whose driver map calls run with mu dropped
+	// (mapGrowth), and mappingBytes the nbytes they map; mu.
+	growing      int
+	mappingBytes uint64
+	defaultS     backend.Stream                     // the default stream; 0 once Close destroyed it; mu
+	closed       bool                               // guarded by mu
+	heap         *arena.Heap                        // every block: storage, split, coalesce, best fit (arena.Heap); mu
+	states       []*streamState                     // stream states by arena.StreamID; mu
+	segOf        []*seg                             // segments by arena.RegionID; mu
+	uses         map[arena.BlockID][]backend.Stream // other streams recorded on allocated blocks (RecordStream); mu
+	freeing      map[arena.BlockID]bool             // allocated blocks whose Free waits without mu (insertEvents); mu
+	streams      map[backend.Stream]*streamState    // validated streams in use; mu
+	idle         *streamState                       // owner of memory of released streams (see streams.go); mu
+	vanished     map[backend.Stream]*streamState    // streams destroyed behind the allocator's back; mu
+	ghosts       uint64                             // ghost ids given to vanished streams whose id was reused; mu
+	busy         []*streamState                     // streams with queued events, any order; mu
+	stranded     []arena.BlockID                    // PendingFree blocks waiting on a vanished stream's work; mu
+	lastS        *streamState                       // most recently used stream; mu
+	spare        []*streamState                     // empty states of released streams for reuse, at most maxSpareStates; mu
 	// keepEmpty keeps empty expandable reservations while a released
 	// stream's memory is returned, for the next stream to map into; mu.
 	keepEmpty bool
@@ -172,6 +177,7 @@ func New(drv backend.Driver, cfg Config) (*Allocator, error) {
 		vanished: make(map[backend.Stream]*streamState),
 	}
 	a.quiet.L = &a.mu
+	a.grown.L = &a.mu
 	a.plainRound = true
 	for _, d := range cfg.RoundupPower2Divisions {
 		a.plainRound = a.plainRound && d <= 1
