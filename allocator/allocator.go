@@ -29,28 +29,23 @@ type Allocator struct {
 	plainRound bool
 
 	mu       sync.Mutex
-	quiet    sync.Cond // signalled (L = &mu) when inflight drops to 0
-	inflight int       // driver waits running with mu dropped (waitUnlocked); mu
-	grown    sync.Cond // signalled (L = &mu) when growing drops to 0
-	// growing counts growths whose driver map calls run with mu dropped
-	// (mapGrowth), and mappingBytes the nbytes they map; mu.
-	growing      int
-	mappingBytes uint64
-	defaultS     backend.Stream                     // the default stream; 0 once Close destroyed it; mu
-	closed       bool                               // guarded by mu
-	heap         *arena.Heap                        // every block: storage, split, coalesce, best fit (arena.Heap); mu
-	states       []*streamState                     // stream states by arena.StreamID; mu
-	segOf        []*seg                             // segments by arena.RegionID; mu
-	uses         map[arena.BlockID][]backend.Stream // other streams recorded on allocated blocks (RecordStream); mu
-	freeing      map[arena.BlockID]bool             // allocated blocks whose Free waits without mu (insertEvents); mu
-	streams      map[backend.Stream]*streamState    // validated streams in use; mu
-	idle         *streamState                       // owner of memory of released streams (see streams.go); mu
-	vanished     map[backend.Stream]*streamState    // streams destroyed behind the allocator's back; mu
-	ghosts       uint64                             // ghost ids given to vanished streams whose id was reused; mu
-	busy         []*streamState                     // streams with queued events, any order; mu
-	stranded     []arena.BlockID                    // PendingFree blocks waiting on a vanished stream's work; mu
-	lastS        *streamState                       // most recently used stream; mu
-	spare        []*streamState                     // empty states of released streams for reuse, at most maxSpareStates; mu
+	quiet    sync.Cond                          // signalled (L = &mu) when inflight drops to 0
+	inflight int                                // driver waits running with mu dropped (waitUnlocked); mu
+	defaultS backend.Stream                     // the default stream; 0 once Close destroyed it; mu
+	closed   bool                               // guarded by mu
+	heap     *arena.Heap                        // every block: storage, split, coalesce, best fit (arena.Heap); mu
+	states   []*streamState                     // stream states by arena.StreamID; mu
+	segOf    []*seg                             // segments by arena.RegionID; mu
+	uses     map[arena.BlockID][]backend.Stream // other streams recorded on allocated blocks (RecordStream); mu
+	freeing  map[arena.BlockID]bool             // allocated blocks whose Free waits without mu (insertEvents); mu
+	streams  map[backend.Stream]*streamState    // validated streams in use; mu
+	idle     *streamState                       // owner of memory of released streams (see streams.go); mu
+	vanished map[backend.Stream]*streamState    // streams destroyed behind the allocator's back; mu
+	ghosts   uint64                             // ghost ids given to vanished streams whose id was reused; mu
+	busy     []*streamState                     // streams with queued events, any order; mu
+	stranded []arena.BlockID                    // PendingFree blocks waiting on a vanished stream's work; mu
+	lastS    *streamState                       // most recently used stream; mu
+	spare    []*streamState                     // empty states of released streams for reuse, at most maxSpareStates; mu
 	// keepEmpty keeps empty expandable reservations while a released
 	// stream's memory is returned, for the next stream to map into; mu.
 	keepEmpty bool
@@ -66,6 +61,13 @@ type Allocator struct {
 	zombies        []*zombie        // dropped segments still holding driver state; mu
 	scratchEvents  []pendingEvent   // reusable slice for insertEvents; mu
 	scratchStreams []backend.Stream // reusable slice for insertEvents; mu
+
+	// growing counts growths whose driver map calls run with mu dropped
+	// (mapGrowth), mappingBytes the nbytes they map; grown is signalled
+	// (L = &mu) when growing drops to 0. mu.
+	growing      int
+	mappingBytes uint64
+	grown        sync.Cond
 }
 
 // streamState is the per-stream part of the allocator. The allocator's
