@@ -62,10 +62,12 @@ type Allocator struct {
 	scratchEvents  []pendingEvent   // reusable slice for insertEvents; mu
 	scratchStreams []backend.Stream // reusable slice for insertEvents; mu
 
-	// growing counts growths whose driver map calls run with mu dropped
-	// (mapGrowth), mappingBytes the nbytes they map; grown is signalled
-	// (L = &mu) when growing drops to 0. mu.
-	growing      int
+	// growths are the tickets, ascending, of the growths whose driver map
+	// calls run with mu dropped (mapGrowth), growSeq the last ticket
+	// issued, mappingBytes the nbytes they map; grown is signalled
+	// (L = &mu) whenever one ends. mu.
+	growths      []uint64
+	growSeq      uint64
 	mappingBytes uint64
 	grown        sync.Cond
 }

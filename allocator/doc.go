@@ -210,9 +210,9 @@
 //     block is not dropped) and in the segment (Segment.BeginMap: a map
 //     overlapping it is refused, Release and Destroy return ErrBusy); the
 //     segment's state, its handle cache and the driver-call counters
-//     change only with mu held, in BeginMap and EndMap. It counts the
-//     growth in Allocator.growing and its bytes in mappingBytes, which the
-//     memory-fraction cap adds to reserved bytes. After retaking mu,
+//     change only with mu held, in BeginMap and EndMap. It gives the
+//     growth a ticket in Allocator.growths and counts its bytes in
+//     mappingBytes, which the memory-fraction cap adds to reserved bytes. After retaking mu,
 //     EndMap records the handles (reserved bytes and the history's
 //     segment_map entry count only then, at CommitMap) or rolls the map
 //     back and AbortMap unmarks the range, exactly as a failed map under
@@ -221,11 +221,13 @@
 //     (the next release returns it); one whose free neighbour, counted
 //     into the growth, was allocated meanwhile keeps the memory on its
 //     stream and grows again (errGrowAgain). A Malloc that needs memory
-//     while a growth is in flight waits for it first (awaitGrowths, on
-//     Allocator.grown), takes its stream's best fit if one appeared, and
-//     declares out-of-memory only when no growth is in flight, so that two
-//     Mallocs do not both grow for what one growth serves and the memory a
-//     failing growth held is not refused to the other. holdForGrowth
+//     while growths are in flight waits for those (awaitGrowths, on
+//     Allocator.grown; not for growths started later, so a goroutine that
+//     grows again and again starves nobody), takes its stream's best fit
+//     if one appeared, and before declaring out-of-memory waits again for
+//     the growths then in flight and retries once, so that two Mallocs do
+//     not both grow for what one growth serves and the memory a failing
+//     growth held is not refused to the other. holdForGrowth
 //     raises and lowers the handle cache's limit by its own amount, so
 //     overlapping growths each undo only their raise.
 //

@@ -63,7 +63,7 @@ func (a *Allocator) allocSlow(ss *streamState, p *pool, rounded, size uint64) (a
 	}
 	// Memory a growth in flight holds may come back (its map fails) or
 	// leave room; out of memory is declared only with none in flight.
-	for a.growing > 0 && isOOM(err) {
+	if len(a.growths) > 0 {
 		var werr error
 		if b, werr = a.awaitGrowths(ss, p, rounded); b != arena.NoBlock || werr != nil {
 			return b, werr
@@ -308,7 +308,7 @@ var errGrowAgain = errors.New("growth fell short: grow again")
 // dropped (segment.MapOp.Run); the segment's state, its handle cache and
 // the counters change only with mu held, in BeginMap and EndMap. While it
 // runs the growth is counted in inflight (so Close, Check and snapshots
-// wait for it), growing (so Mallocs that need memory wait for it rather
+// wait for it), has a ticket in growths (so Mallocs that need memory wait for it rather
 // than grow for the same request or declare an out-of-memory) and
 // mappingBytes (so the memory fraction cap counts it). mu held on entry
 // and on return.
@@ -325,28 +325,36 @@ func (a *Allocator) mapGrowth(sg *seg, off, n uint64) error {
 	if err != nil {
 		return err
 	}
-	a.growing++
+	a.growSeq++
+	ticket := a.growSeq
+	a.growths = append(a.growths, ticket)
 	a.mappingBytes += n
 	_ = a.waitUnlocked(func() error { op.Run(); return nil })
 	a.mappingBytes -= n
-	if a.growing--; a.growing == 0 {
-		a.grown.Broadcast()
+	for i, t := range a.growths {
+		if t == ticket {
+			a.growths = append(a.growths[:i], a.growths[i+1:]...)
+			break
+		}
 	}
+	a.grown.Broadcast()
 	return sg.s.EndMap(op)
 }
 
-// awaitGrowths waits, with mu dropped, until no growth maps without mu,
-// and returns a free block of ss for rounded bytes if one has appeared
+// awaitGrowths waits, with mu dropped, until the growths mapping without
+// mu when it is called have ended (not those that start meanwhile: a
+// goroutine that grows again and again does not starve it), and returns a free block of ss for rounded bytes if one has appeared
 // (NoBlock if none). It returns ErrClosed or ErrInvalidStream if the
 // allocator was closed or ss released meanwhile. mu held on entry and on
 // return.
 func (a *Allocator) awaitGrowths(ss *streamState, p *pool, rounded uint64) (arena.BlockID, error) {
-	if a.growing == 0 {
+	if len(a.growths) == 0 {
 		return arena.NoBlock, nil
 	}
 	stream := ss.stream
-	a.inflight++ // Close and Check wait for this waiter too
-	for a.growing > 0 {
+	last := a.growSeq
+	a.inflight++                                     // Close and Check wait for this waiter too
+	for len(a.growths) > 0 && a.growths[0] <= last { // tickets ascend
 		a.grown.Wait()
 	}
 	if a.inflight--; a.inflight == 0 {
