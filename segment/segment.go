@@ -961,27 +961,15 @@ func (s *Segment) discard(h backend.Handle, size uint64) error {
 // FreePhysical fails, every handle is unmapped (done == n) and the error,
 // wrapping ErrHandleNotFreed, says the handle was kept for a retry.
 func (s *Segment) Unmap(off, n uint64, sync ...backend.Stream) (done uint64, err error) {
-	first, count, err := s.granules("unmap", off, n)
+	first, end, err := s.checkUnmap(off, n)
 	if err != nil {
 		return 0, err
 	}
-	end := first + count
-	for g := first; g < end; {
-		sp := int(s.span[g])
-		switch {
-		case sp == 0:
-			return 0, fmt.Errorf("segment: unmap [%#x, +%#x): %w: granule at offset %#x",
-				off, n, ErrNotMapped, uint64(g)*s.gran)
-		case sp < 0:
-			st, size, _ := s.HandleRange(off)
-			return 0, fmt.Errorf("segment: unmap [%#x, +%#x): %w: start is inside the handle [%#x, +%#x)",
-				off, n, ErrInvalidRange, st, size)
+	for _, r := range s.inflight {
+		if r.Off < off+n && off < r.Off+r.Len {
+			return 0, fmt.Errorf("segment: unmap [%#x, +%#x): %w: [%#x, +%#x) is in flight",
+				off, n, ErrInvalidRange, r.Off, r.Len)
 		}
-		if g+sp > end {
-			return 0, fmt.Errorf("segment: unmap [%#x, +%#x): %w: end is inside the handle [%#x, +%#x)",
-				off, n, ErrInvalidRange, uint64(g)*s.gran, uint64(sp)*s.gran)
-		}
-		g += sp
 	}
 	if err := s.syncStreams(sync); err != nil {
 		return 0, fmt.Errorf("segment: unmap [%#x, +%#x): %w", off, n, err)
