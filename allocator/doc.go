@@ -171,11 +171,18 @@
 // marks:
 //
 //   - releaseStreamPool with needSync (StreamSynchronize of the stream
-//     whose handles it releases): marks the whole handles it will unmap
-//     Releasing in the heap (best fit and coalescing skip them, so no
-//     other goroutine can allocate memory whose old work is still being
-//     waited for); after the wait it unmaps and commits the marks, or
-//     aborts them if the wait failed. Reached from growth
+//     whose handles it releases, then the driver Unmap of each handle):
+//     marks the whole handles it will unmap Releasing in the heap (best
+//     fit and coalescing skip them, so no other goroutine can allocate
+//     memory whose old work is still being waited for) and begins their
+//     unmap in the segment (Segment.BeginUnmap: an overlapping unmap is
+//     refused, Release and Destroy return ErrBusy); after the wait,
+//     still without mu, it makes the unmap calls (segment.UnmapOp.Run),
+//     then retakes mu, ends the unmaps (handles to the cache or freed,
+//     counters) and commits the marks for what was unmapped (reserved
+//     bytes drop only then), or, if the wait failed, ends them unrun and
+//     aborts the marks. A classic segment's release (Destroy) stays
+//     under mu. Reached from growth
 //     (defragBeforeGrow), releaseUntil (the garbage-collection threshold),
 //     Synchronize's release, EmptyCache and rung 2 of the out-of-memory
 //     ladder.
@@ -242,11 +249,12 @@
 // Lock order: Allocator.mu, then the driver's locks. segment.Segment and
 // segment.HandleCache have no lock of their own: mu guards them, and the
 // only driver calls made on their behalf without mu are those of
-// MapOp.Run, which touch no state of theirs.
+// MapOp.Run and UnmapOp.Run, which touch no state of theirs.
 //
-// Still made with mu held: the unmap calls of releases and
-// defragmentation (after their synchronize, which runs without mu), the
-// release of physical handles (FreePhysical, handle-cache trims), the
+// Still made with mu held: the unmap calls of releases that need no
+// synchronize (releaseBlock: Synchronize's release after its own wait,
+// ReleaseStream's, reclaim of idle streams' handles), the release of
+// physical handles (FreePhysical, handle-cache trims), the
 // reservation and release of address ranges (a new expandable segment,
 // an empty one dropped), classic growth (a classic segment is reserved,
 // created and mapped in one call), the rollback of a failed growth map

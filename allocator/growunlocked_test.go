@@ -15,7 +15,8 @@ import (
 
 // mapGateDriver is the emulator whose next call of one primitive (op:
 // OpCreate, OpMap or OpSetAccess), once armed, blocks until the test
-// opens the gate, then fails with fail if it is set.
+// opens the gate, then fails with fail if it is set. OpUnmap gates the
+// driver's Unmap.
 type mapGateDriver struct {
 	*emulated.Emulator
 	op      backend.Op
@@ -70,6 +71,13 @@ func (d *mapGateDriver) Map(va uintptr, size uint64, h backend.Handle) error {
 		return err
 	}
 	return d.Emulator.Map(va, size, h)
+}
+
+func (d *mapGateDriver) Unmap(va uintptr, size uint64) error {
+	if err := d.pass(backend.OpUnmap); err != nil {
+		return err
+	}
+	return d.Emulator.Unmap(va, size)
 }
 
 func (d *mapGateDriver) SetAccess(va uintptr, size uint64, desc []backend.AccessDesc) error {
@@ -366,4 +374,89 @@ func TestGrowthFaultsWithoutLock(t *testing.T) {
 			require.NoError(t, a.Check())
 		})
 	}
+}
+
+// TestReleaseUnmapsWithoutLock blocks EmptyCache's first driver Unmap (of
+// a free 48 MiB block of one stream, after that stream's synchronize)
+// and proves that meanwhile cache hits on another stream complete, the
+// memory stays counted until the unmap commits, and afterwards every
+// free handle is gone.
+func TestReleaseUnmapsWithoutLock(t *testing.T) {
+	drv := newMapGateDriver(t, backend.OpUnmap)
+	a, err := New(drv, DefaultConfig())
+	require.NoError(t, err)
+	defer a.Close()
+	defer drv.open()
+	s1, err := drv.StreamCreate(0)
+	require.NoError(t, err)
+	s2, err := drv.StreamCreate(0)
+	require.NoError(t, err)
+	keep, err := a.Malloc(4096, s2) // keeps s2's small page mapped
+	require.NoError(t, err)
+	big, err := a.Malloc(48<<20, s1)
+	require.NoError(t, err)
+	require.NoError(t, a.Free(big))
+	before := a.MemoryReserved()
+
+	drv.armed.Store(true)
+	emptied := make(chan error, 1)
+	go func() { emptied <- a.EmptyCache() }()
+	drv.waitEntered(t)
+	hits := make(chan error, 1)
+	go func() {
+		for i := 0; i < 1000; i++ {
+			p, err := a.Malloc(1<<20, s2)
+			if err == nil {
+				err = a.Free(p)
+			}
+			if err != nil {
+				hits <- err
+				return
+			}
+		}
+		hits <- nil
+	}()
+	require.NoError(t, recvGrow(t, hits, "cache-hit Malloc/Free during a release's unmap"))
+	assert.Equal(t, before, a.MemoryReserved(), "reserved dropped before the unmap committed")
+	drv.open()
+	require.NoError(t, recvGrow(t, emptied, "EmptyCache"))
+	assert.Equal(t, before-48<<20, a.MemoryReserved())
+	require.NoError(t, a.Check())
+	require.NoError(t, a.Free(keep))
+	require.NoError(t, a.EmptyCache())
+	require.NoError(t, a.Check())
+	assert.Zero(t, a.MemoryReserved())
+	live := drv.Live()
+	assert.Zero(t, live.Mappings)
+	assert.Zero(t, live.Handles)
+}
+
+// TestReleaseUnmapFaultWithoutLock fails the second driver Unmap of a
+// release made without the lock (a free 48 MiB block: handles of 20, 20
+// and 8 MiB): EmptyCache reports it, the first handle is released and
+// uncounted, the rest stays mapped and free, and the next EmptyCache
+// releases it.
+func TestReleaseUnmapFaultWithoutLock(t *testing.T) {
+	e, err := emulated.New()
+	require.NoError(t, err)
+	defer e.Close()
+	a, err := New(e, DefaultConfig())
+	require.NoError(t, err)
+	defer a.Close()
+	s1, err := e.StreamCreate(0)
+	require.NoError(t, err)
+	big, err := a.Malloc(48<<20, s1)
+	require.NoError(t, err)
+	require.NoError(t, a.Free(big))
+	require.NoError(t, e.FailNth(backend.OpUnmap, 2, backend.ErrInvalidArgument))
+	err = a.EmptyCache()
+	require.ErrorIs(t, err, backend.ErrInvalidArgument)
+	assert.Equal(t, uint64(28<<20), a.MemoryReserved())
+	require.NoError(t, a.Check())
+	assert.Equal(t, 2, e.Live().Mappings)
+	require.NoError(t, a.EmptyCache())
+	require.NoError(t, a.Check())
+	assert.Zero(t, a.MemoryReserved())
+	assert.Zero(t, e.Live().Mappings)
+	assert.Zero(t, e.Live().Handles)
 }

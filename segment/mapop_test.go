@@ -143,3 +143,67 @@ func TestMapOpsConcurrent(t *testing.T) {
 	assert.Equal(t, []Run{{0, 16 * page}}, s.MappedRuns())
 	assert.Empty(t, d.ruleViolations())
 }
+
+// TestUnmapOpInFlight checks an unmap begun and not ended: its handles
+// still read as mapped, an overlapping unmap is refused, Release and
+// Destroy return ErrBusy, Run unmaps with the driver without touching
+// the segment, and EndUnmap records and counts it.
+func TestUnmapOpInFlight(t *testing.T) {
+	const page = 10 * gr
+	d, s, c := newSeg(t, page, 4, 1)
+	require.NoError(t, s.Map(0, 3*page))
+	op, err := s.BeginUnmap(page, 2*page)
+	require.NoError(t, err)
+	_, err = s.BeginUnmap(2*page, page)
+	require.ErrorIs(t, err, ErrInvalidRange)
+	_, err = s.Unmap(page, page)
+	require.ErrorIs(t, err, ErrInvalidRange)
+	require.ErrorIs(t, s.Destroy(), ErrBusy)
+	_, err = s.BeginUnmap(page+gr, page)
+	require.ErrorIs(t, err, ErrInvalidRange, "inside a handle")
+
+	op.Run()
+	assert.Equal(t, 1, d.liveMappings(), "Run unmaps")
+	assert.True(t, s.IsMappedAt(page), "Run changed the segment")
+	assert.Equal(t, int64(0), c.Unmaps)
+	done, err := s.EndUnmap(op)
+	require.NoError(t, err)
+	assert.Equal(t, 2*page, done)
+	assert.Equal(t, page, s.MappedBytes())
+	assert.Equal(t, int64(2), c.Unmaps)
+	assert.Equal(t, 1, s.cache.Len(), "one full handle cached, the other freed (cache of 1)")
+	_, err = s.EndUnmap(op)
+	require.ErrorIs(t, err, ErrInvalidRange, "ended twice")
+
+	// An op ended without Run unmaps nothing.
+	op, err = s.BeginUnmap(0, page)
+	require.NoError(t, err)
+	done, err = s.EndUnmap(op)
+	require.NoError(t, err)
+	assert.Zero(t, done)
+	assert.Equal(t, page, s.MappedBytes())
+	require.NoError(t, s.Destroy())
+	assert.Empty(t, d.ruleViolations())
+}
+
+// TestUnmapOpFault: the driver's Unmap fails at the second handle; the
+// first is unmapped and recorded, the rest stays mapped, as Unmap does.
+func TestUnmapOpFault(t *testing.T) {
+	const page = 10 * gr
+	d, s, c := newSeg(t, page, 4, 4)
+	require.NoError(t, s.Map(0, 3*page))
+	d.failNth(backend.OpUnmap, 2, backend.ErrInvalidArgument)
+	op, err := s.BeginUnmap(0, 3*page)
+	require.NoError(t, err)
+	op.Run()
+	done, err := s.EndUnmap(op)
+	require.ErrorIs(t, err, backend.ErrInvalidArgument)
+	assert.Equal(t, page, done)
+	assert.Equal(t, 2*page, s.MappedBytes())
+	assert.Equal(t, int64(1), c.Unmaps)
+	assert.Equal(t, 2, d.liveMappings())
+	done, err = s.Unmap(page, 2*page)
+	require.NoError(t, err)
+	assert.Equal(t, 2*page, done)
+	assert.Empty(t, d.ruleViolations())
+}

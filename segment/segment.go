@@ -91,7 +91,9 @@
 // records the handles, counts the calls, or rolls back as Map does. While
 // a map is in flight its granules read as unmapped, a map overlapping it
 // is refused, and Release and Destroy return ErrBusy. Map and MapLarge are
-// the three steps in one call.
+// the three steps in one call. BeginUnmap, UnmapOp.Run and EndUnmap do
+// the same for an unmap (without its stream synchronizes, which the
+// caller makes first): its handles read as mapped until EndUnmap.
 package segment
 
 import (
