@@ -460,3 +460,34 @@ func TestReleaseUnmapFaultWithoutLock(t *testing.T) {
 	assert.Zero(t, e.Live().Mappings)
 	assert.Zero(t, e.Live().Handles)
 }
+
+// TestAwaitGrowthsIgnoresLaterGrowths: a Malloc waiting for the growth in
+// flight returns when that growth ends, even if another growth has
+// started meanwhile (a goroutine growing again and again must not starve
+// it). The growths are simulated by their tickets.
+func TestAwaitGrowthsIgnoresLaterGrowths(t *testing.T) {
+	a, e := newAlloc(t, "")
+	s, err := e.StreamCreate(0)
+	require.NoError(t, err)
+	a.mu.Lock()
+	ss, err := a.stream(s)
+	a.growSeq, a.growths = 1, []uint64{1}
+	a.mu.Unlock()
+	require.NoError(t, err)
+	done := make(chan error, 1)
+	go func() {
+		a.mu.Lock()
+		defer a.mu.Unlock()
+		_, err := a.awaitGrowths(ss, &a.pools[largeIdx], 1<<20)
+		done <- err
+	}()
+	waitInflight(t, a, 1)
+	a.mu.Lock()
+	a.growSeq, a.growths = 2, []uint64{2} // 1 ended, 2 started
+	a.grown.Broadcast()
+	a.mu.Unlock()
+	require.NoError(t, recvGrow(t, done, "awaitGrowths"))
+	a.mu.Lock()
+	a.growths = nil
+	a.mu.Unlock()
+}
