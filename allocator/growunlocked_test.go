@@ -491,3 +491,40 @@ func TestAwaitGrowthsIgnoresLaterGrowths(t *testing.T) {
 	a.growths = nil
 	a.mu.Unlock()
 }
+
+// TestGrowthNeighbourTakenMeanwhile: a growth counts on the free block of
+// its stream just below the range it maps (it maps only the rest); while
+// it maps without the lock, another goroutine allocates that block. The
+// growth keeps what it mapped free on the stream and grows again, so its
+// Malloc still gets a block of the size it asked for.
+func TestGrowthNeighbourTakenMeanwhile(t *testing.T) {
+	const mib = 1 << 20
+	drv := newMapGateDriver(t, backend.OpMap)
+	a, err := New(drv, DefaultConfig())
+	require.NoError(t, err)
+	defer a.Close()
+	defer drv.open()
+	s1, err := drv.StreamCreate(0)
+	require.NoError(t, err)
+	low, err := a.Malloc(20*mib, s1)
+	require.NoError(t, err)
+	require.NoError(t, a.Free(low)) // [0, 20) MiB free on s1
+
+	drv.armed.Store(true)
+	grow := growAsync(a, 30*mib, s1) // maps [20, 30) to merge with [0, 20)
+	drv.waitEntered(t)
+	taken, err := a.Malloc(20*mib, s1) // the neighbour, meanwhile
+	require.NoError(t, err)
+	assert.Equal(t, low, taken)
+	drv.open()
+
+	r := recvGrow(t, grow, "the growing Malloc")
+	require.NoError(t, r.err)
+	assert.Equal(t, low+20*mib, r.p, "the block starts at the range mapped first")
+	assert.Equal(t, uint64(50*mib), a.MemoryReserved())
+	assert.Equal(t, uint64(50*mib), a.MemoryAllocated())
+	require.NoError(t, a.Check())
+	require.NoError(t, a.Free(r.p))
+	require.NoError(t, a.Free(taken))
+	require.NoError(t, a.Check())
+}
