@@ -947,7 +947,8 @@ func (s *Segment) discard(h backend.Handle, size uint64) error {
 // Unmap unmaps the n bytes at offset off (multiples of Granule, n > 0,
 // within the segment). off and off+n must be handle boundaries and every
 // granule in between mapped: otherwise it returns ErrInvalidRange (a
-// boundary falls inside a handle) or ErrNotMapped (or ErrOutOfRange,
+// boundary falls inside a handle, or the range overlaps an unmap begun by
+// BeginUnmap and not ended) or ErrNotMapped (or ErrOutOfRange,
 // ErrReleased, ErrClassic) and does nothing.
 //
 // It first synchronizes every stream in sync (the streams whose queued
