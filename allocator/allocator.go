@@ -65,6 +65,15 @@ type Allocator struct {
 	zombies        []*zombie        // dropped segments still holding driver state; mu
 	scratchEvents  []pendingEvent   // reusable slice for insertEvents; mu
 	scratchStreams []backend.Stream // reusable slice for insertEvents; mu
+
+	// growths are the tickets, ascending, of the growths whose driver map
+	// calls run with mu dropped (mapGrowth), growSeq the last ticket
+	// issued, mappingBytes the nbytes they map; grown is signalled
+	// (L = &mu) whenever one ends. mu.
+	growths      []uint64
+	growSeq      uint64
+	mappingBytes uint64
+	grown        sync.Cond
 }
 
 // streamState is the per-stream part of the allocator. The allocator's
@@ -181,6 +190,7 @@ func New(drv backend.Driver, cfg Config) (*Allocator, error) {
 	}
 	a.quiet.L = &a.mu
 	a.maxBlock = maxBlockSize(gran, cfg.SmallSegmentSize, cfg.LargeSegmentSize)
+	a.grown.L = &a.mu
 	a.plainRound = true
 	for _, d := range cfg.RoundupPower2Divisions {
 		a.plainRound = a.plainRound && d <= 1

@@ -194,11 +194,18 @@
 // marks:
 //
 //   - releaseStreamPool with needSync (StreamSynchronize of the stream
-//     whose handles it releases): marks the whole handles it will unmap
-//     Releasing in the heap (best fit and coalescing skip them, so no
-//     other goroutine can allocate memory whose old work is still being
-//     waited for); after the wait it unmaps and commits the marks, or
-//     aborts them if the wait failed. Reached from growth
+//     whose handles it releases, then the driver Unmap of each handle):
+//     marks the whole handles it will unmap Releasing in the heap (best
+//     fit and coalescing skip them, so no other goroutine can allocate
+//     memory whose old work is still being waited for) and begins their
+//     unmap in the segment (Segment.BeginUnmap: an overlapping unmap is
+//     refused, Release and Destroy return ErrBusy); after the wait,
+//     still without mu, it makes the unmap calls (segment.UnmapOp.Run),
+//     then retakes mu, ends the unmaps (handles to the cache or freed,
+//     counters) and commits the marks for what was unmapped (reserved
+//     bytes drop only then), or, if the wait failed, ends them unrun and
+//     aborts the marks. A classic segment's release (Destroy) stays
+//     under mu. Reached from growth
 //     (defragBeforeGrow), releaseUntil (the garbage-collection threshold),
 //     Synchronize's release, EmptyCache and rung 2 of the out-of-memory
 //     ladder.
@@ -233,24 +240,63 @@
 //     quiesceWaits found no other wait in flight; between its waits it
 //     holds mu, so a second Close waits in quiesceWaits until the first
 //     returns, and then finds nothing left (ErrClosed).
+//   - mapGrowth (growth of an expandable pool: handle creation, Map and
+//     SetAccess, the driver calls of segment.MapOp.Run): marks the range
+//     Mapping in the heap (arena.Heap.BeginMap: best fit, coalescing,
+//     growth searches and releases skip it, and a segment with a Mapping
+//     block is not dropped) and in the segment (Segment.BeginMap: a map
+//     overlapping it is refused, Release and Destroy return ErrBusy); the
+//     segment's state, its handle cache and the driver-call counters
+//     change only with mu held, in BeginMap and EndMap. It gives the
+//     growth a ticket in Allocator.growths and counts its bytes in
+//     mappingBytes, which the memory-fraction cap adds to reserved bytes. After retaking mu,
+//     EndMap records the handles (reserved bytes and the history's
+//     segment_map entry count only then, at CommitMap) or rolls the map
+//     back and AbortMap unmarks the range, exactly as a failed map under
+//     the lock did. A Malloc whose stream was released meanwhile fails
+//     with ErrInvalidStream and the mapped memory goes to the idle owner
+//     (the next release returns it); one whose free neighbour, counted
+//     into the growth, was allocated meanwhile keeps the memory on its
+//     stream and grows again (errGrowAgain). A Malloc that needs memory
+//     while growths are in flight waits for those (awaitGrowths, on
+//     Allocator.grown; not for growths started later, so a goroutine that
+//     grows again and again starves nobody), takes its stream's best fit
+//     if one appeared, and before declaring out-of-memory waits again for
+//     the growths then in flight and retries once, so that two Mallocs do
+//     not both grow for what one growth serves and the memory a failing
+//     growth held is not refused to the other. holdForGrowth
+//     raises and lowers the handle cache's limit by its own amount, so
+//     overlapping growths each undo only their raise.
 //
 // So Malloc, Free, Synchronize, ReleaseStream, EmptyCache and Close may
 // drop and retake mu, and each re-validates after: a Malloc whose stream
 // was released meanwhile fails with ErrInvalidStream (owns). Close, Check,
 // Snapshot and MemorySnapshot wait until no wait is in flight
-// (quiesceWaits), so they never see a Releasing block, a releasing stream
-// or a block being freed (Check reports any left).
+// (quiesceWaits), so they never see a Releasing or Mapping block, a
+// releasing stream or a block being freed (Check reports any left); a
+// growth in flight and a Malloc waiting for one count as waits there.
 //
-// Still made with mu held: the map and unmap calls and the creation and
-// release of physical handles and reservations (fast driver calls, not
-// waits on queued work: 15 to 100 µs per growth or release in the
-// emulator), the device synchronize of quiesce (only after a stream was
-// destroyed without ReleaseStream), and the non-blocking event queries.
+// Lock order: Allocator.mu, then the driver's locks. segment.Segment and
+// segment.HandleCache have no lock of their own: mu guards them, and the
+// only driver calls made on their behalf without mu are those of
+// MapOp.Run and UnmapOp.Run, which touch no state of theirs.
+//
+// Still made with mu held: the unmap calls of releases that need no
+// synchronize (releaseBlock: Synchronize's release after its own wait,
+// ReleaseStream's, reclaim of idle streams' handles), the release of
+// physical handles (FreePhysical, handle-cache trims), the
+// reservation and release of address ranges (a new expandable segment,
+// an empty one dropped), classic growth (a classic segment is reserved,
+// created and mapped in one call), the rollback of a failed growth map
+// (its unmaps and frees), the device synchronize of quiesce (only after a
+// stream was destroyed without ReleaseStream), and the non-blocking event
+// queries.
 // BenchmarkMallocFreeDuringWait shows what is left: while another
-// goroutine's growth waits 20 ms, a cache-hit pair's own duration stays
-// about 1 µs at p99, and its open-loop latency p99 is within the spread
-// of the same benchmark with an idle other goroutine (the shared 2-core
-// machine's scheduling, not the lock).
+// goroutine's growth waits 20 ms, or maps with driver Maps of 2 ms each
+// (other=slow-map), a cache-hit pair's own duration stays about 1 µs at
+// p99, and its open-loop latency p99 is within the spread of the same
+// benchmark with an idle other goroutine (the shared 2-core machine's
+// scheduling, not the lock).
 //
 // Cache-hit throughput does not grow with goroutines: Malloc and Free each
 // hold mu for all their work, so two goroutines on two streams take turns.

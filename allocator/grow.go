@@ -33,6 +33,11 @@ func (a *Allocator) allocSlow(ss *streamState, p *pool, rounded, size uint64) (a
 			_ = a.releaseUntil(limit) // best effort; growth below reports real failures
 		}
 	}
+	// A growth in flight (mapping without mu) may leave what this request
+	// needs free on ss; wait for it rather than map a second range.
+	if b, err := a.awaitGrowths(ss, p, rounded); b != arena.NoBlock || err != nil {
+		return b, err
+	}
 	b, err := a.grow(ss, p, rounded)
 	if err == nil || !isOOM(err) {
 		return b, err
@@ -55,6 +60,17 @@ func (a *Allocator) allocSlow(ss *streamState, p *pool, rounded, size uint64) (a
 	}
 	if b, err = a.grow(ss, p, rounded); err == nil || !isOOM(err) {
 		return b, err
+	}
+	// Memory a growth in flight holds may come back (its map fails) or
+	// leave room; out of memory is declared only with none in flight.
+	if len(a.growths) > 0 {
+		var werr error
+		if b, werr = a.awaitGrowths(ss, p, rounded); b != arena.NoBlock || werr != nil {
+			return b, werr
+		}
+		if b, err = a.grow(ss, p, rounded); err == nil || !isOOM(err) {
+			return b, err
+		}
 	}
 	a.st.NumOOMs++
 	free, _, _ := a.drv.MemGetInfo(a.dev)
@@ -111,7 +127,7 @@ func (a *Allocator) classicSegmentSize(rounded uint64) uint64 {
 // overCap reports whether mapping n more bytes would exceed the memory
 // fraction.
 func (a *Allocator) overCap(n uint64) bool {
-	return uint64(a.st.ReservedBytes[0].Current)+n > a.allowed
+	return uint64(a.st.ReservedBytes[0].Current)+a.mappingBytes+n > a.allowed
 }
 
 // grow maps new memory for a request and returns a free block of ss of at
@@ -123,7 +139,15 @@ func (a *Allocator) grow(ss *streamState, p *pool, rounded uint64) (arena.BlockI
 	if !a.cfg.ExpandableSegments {
 		return a.growClassic(ss, p, rounded)
 	}
-	return a.growExpandable(ss, p, rounded)
+	for {
+		b, err := a.growExpandable(ss, p, rounded)
+		if err != errGrowAgain {
+			return b, err
+		}
+		if b, _, _ := a.bestFit(ss, p, rounded); b != arena.NoBlock {
+			return b, nil
+		}
+	}
 }
 
 func (a *Allocator) growClassic(ss *streamState, p *pool, rounded uint64) (arena.BlockID, error) {
@@ -230,13 +254,29 @@ func (a *Allocator) growExpandable(ss *streamState, p *pool, rounded uint64) (ar
 	if err != nil {
 		return arena.NoBlock, fmt.Errorf("%w: %w", ErrCorrupt, err)
 	}
+	stream := ss.stream
 	if err := a.mapGrowth(sg, uint64(addr-sg.base), mapLen); err != nil {
+		owner := ss
+		if !a.owns(ss) || ss.stream != stream {
+			owner = a.idle
+		}
 		if _, aerr := h.AbortMap(m); aerr != nil {
 			return arena.NoBlock, errors.Join(err, fmt.Errorf("%w: %w", ErrCorrupt, aerr))
 		}
-		a.adoptStrayMappings(ss, p, sg, addr, mapLen)
+		a.adoptStrayMappings(owner, p, sg, addr, mapLen)
 		a.maybeDropEmpty(sg)
 		return arena.NoBlock, err
+	}
+	if !a.owns(ss) || ss.stream != stream {
+		// The stream was released while its growth mapped without mu:
+		// the memory goes to the idle owner, whose free memory the next
+		// release returns.
+		if _, err := h.CommitMap(m, a.idle.sid); err != nil {
+			return arena.NoBlock, fmt.Errorf("%w: %w", ErrCorrupt, err)
+		}
+		a.st.ReservedBytes.Add(p.kind, int64(mapLen))
+		a.histReserve(false, addr, int64(mapLen), a.idle.stream)
+		return arena.NoBlock, fmt.Errorf("%w: stream %d was released while a Malloc on it grew the pool", ErrInvalidStream, stream)
 	}
 	b, err := h.CommitMap(m, ss.sid)
 	if err != nil {
@@ -244,6 +284,89 @@ func (a *Allocator) growExpandable(ss *streamState, p *pool, rounded uint64) (ar
 	}
 	a.st.ReservedBytes.Add(p.kind, int64(mapLen))
 	a.histReserve(false, addr, int64(mapLen), ss.stream)
+	if h.Size(b) < rounded {
+		// A free neighbour the growth counted on was allocated while mu
+		// was dropped; the memory mapped stays free on ss.
+		return arena.NoBlock, errGrowAgain
+	}
+	return b, nil
+}
+
+// errGrowAgain: a growth mapped its range, but a free neighbour it was to
+// merge with was taken while mu was dropped; grow searches again.
+var errGrowAgain = errors.New("growth fell short: grow again")
+
+// mapGrowth maps the n bytes at offset off of expandable segment sg for a
+// growth, whose range the caller has marked Mapping in the heap: a growth
+// of at least the pool's handleSize bytes in handles of that size (the
+// last one shorter), a smaller one in pages (handle cache first). Large
+// handles cut the driver calls of large growths, and of their releases,
+// by handleSize/pageSize; small growths keep page handles, which
+// defragmentation can unmap from smaller holes.
+//
+// The driver calls (handle creation, map, set access) run with mu
+// dropped (segment.MapOp.Run); the segment's state, its handle cache and
+// the counters change only with mu held, in BeginMap and EndMap. While it
+// runs the growth is counted in inflight (so Close, Check and snapshots
+// wait for it), has a ticket in growths (so Mallocs that need memory wait for it rather
+// than grow for the same request or declare an out-of-memory) and
+// mappingBytes (so the memory fraction cap counts it). mu held on entry
+// and on return.
+func (a *Allocator) mapGrowth(sg *seg, off, n uint64) error {
+	var (
+		op  *segment.MapOp
+		err error
+	)
+	if p := sg.pool; p.handleSize > p.pageSize && n >= p.handleSize {
+		op, err = sg.s.BeginMapLarge(off, n, p.handleSize)
+	} else {
+		op, err = sg.s.BeginMap(off, n)
+	}
+	if err != nil {
+		return err
+	}
+	a.growSeq++
+	ticket := a.growSeq
+	a.growths = append(a.growths, ticket)
+	a.mappingBytes += n
+	_ = a.waitUnlocked(func() error { op.Run(); return nil })
+	a.mappingBytes -= n
+	for i, t := range a.growths {
+		if t == ticket {
+			a.growths = append(a.growths[:i], a.growths[i+1:]...)
+			break
+		}
+	}
+	a.grown.Broadcast()
+	return sg.s.EndMap(op)
+}
+
+// awaitGrowths waits, with mu dropped, until the growths mapping without
+// mu when it is called have ended (not those that start meanwhile: a
+// goroutine that grows again and again does not starve it), and returns a free block of ss for rounded bytes if one has appeared
+// (NoBlock if none). It returns ErrClosed or ErrInvalidStream if the
+// allocator was closed or ss released meanwhile. mu held on entry and on
+// return.
+func (a *Allocator) awaitGrowths(ss *streamState, p *pool, rounded uint64) (arena.BlockID, error) {
+	if len(a.growths) == 0 {
+		return arena.NoBlock, nil
+	}
+	stream := ss.stream
+	last := a.growSeq
+	a.inflight++                                     // Close and Check wait for this waiter too
+	for len(a.growths) > 0 && a.growths[0] <= last { // tickets ascend
+		a.grown.Wait()
+	}
+	if a.inflight--; a.inflight == 0 {
+		a.quiet.Broadcast()
+	}
+	switch {
+	case a.closed:
+		return arena.NoBlock, ErrClosed
+	case !a.owns(ss) || ss.stream != stream:
+		return arena.NoBlock, fmt.Errorf("%w: stream %d was released while a Malloc on it waited", ErrInvalidStream, stream)
+	}
+	b, _, _ := a.bestFit(ss, p, rounded)
 	return b, nil
 }
 
@@ -264,19 +387,6 @@ func (a *Allocator) defragBeforeGrow(ss *streamState, p *pool, rounded uint64) {
 	total := uint64(a.st.ReservedBytes[0].Current)
 	target := total - min(excess, total)
 	_ = a.releaseStreamPool(ss, p.idx, target, true)
-}
-
-// mapGrowth maps the n bytes at offset off of expandable segment sg for a
-// growth: a growth of at least the pool's handleSize bytes in handles of
-// that size (the last one shorter), a smaller one in pages (handle cache
-// first). Large handles cut the driver calls of large growths, and of
-// their releases, by handleSize/pageSize; small growths keep page handles,
-// which defragmentation can unmap from smaller holes. mu held.
-func (a *Allocator) mapGrowth(sg *seg, off, n uint64) error {
-	if p := sg.pool; p.handleSize > p.pageSize && n >= p.handleSize {
-		return sg.s.MapLarge(off, n, p.handleSize)
-	}
-	return sg.s.Map(off, n)
 }
 
 // adoptStrayMappings reconciles the range [addr, addr+n) of segment sg,

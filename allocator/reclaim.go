@@ -263,9 +263,13 @@ func (a *Allocator) streamIdle(t *streamState) bool {
 // creating new ones; the returned function restores the limit and frees
 // what the growth did not use. mu held.
 func (a *Allocator) holdForGrowth(p *pool, rounded uint64) func() {
-	limit := p.cache.Max()
-	p.cache.SetMax(limit + int(roundUp(rounded, p.pageSize)/p.pageSize))
+	// The raise is undone by subtraction, not by restoring the old limit:
+	// growths that drop mu while they map overlap, and each undoes only
+	// its own raise.
+	extra := int(roundUp(rounded, p.pageSize) / p.pageSize)
+	p.cache.SetMax(p.cache.Max() + extra)
 	return func() {
+		limit := p.cache.Max() - extra
 		p.cache.SetMax(limit)
 		_ = p.cache.Trim(limit) // a failed free keeps the handle cached; a later trim retries
 	}

@@ -6,6 +6,7 @@ import (
 
 	"github.com/vmmalloc/vmmalloc/arena"
 	"github.com/vmmalloc/vmmalloc/backend"
+	"github.com/vmmalloc/vmmalloc/segment"
 )
 
 // insertEvents records an event on every stream in uses (the streams
@@ -315,11 +316,35 @@ func (a *Allocator) releaseStreamPool(ss *streamState, onlyPool int, target uint
 	if len(rels) == 0 {
 		return nil
 	}
+	// The unmaps of expandable ranges run after the wait, still without
+	// mu (segment.UnmapOp); a range whose unmap cannot begin is released
+	// under mu below, as before.
+	ops := make([]*segment.UnmapOp, len(rels))
+	for i, rel := range rels {
+		info, _ := a.heap.Block(rel)
+		if sg := a.segOf[info.Region]; sg.expandable {
+			ops[i], _ = sg.s.BeginUnmap(uint64(info.Addr-sg.base), info.Size)
+		}
+	}
 	a.counters.StreamSyncs++
 	s := ss.stream // read under mu: a ReleaseStream meanwhile may recycle ss
-	err := a.waitUnlocked(func() error { return a.drv.StreamSynchronize(s) })
+	err := a.waitUnlocked(func() error {
+		if err := a.drv.StreamSynchronize(s); err != nil {
+			return err
+		}
+		for _, op := range ops {
+			if op != nil {
+				op.Run()
+			}
+		}
+		return nil
+	})
 	if err != nil {
-		for _, rel := range rels {
+		for i, rel := range rels {
+			if ops[i] != nil {
+				info, _ := a.heap.Block(rel)
+				_, _ = a.segOf[info.Region].s.EndUnmap(ops[i]) // never run: unmaps nothing
+			}
 			_, _ = a.heap.AbortRelease(rel)
 		}
 		if !a.owns(ss) {
@@ -340,8 +365,17 @@ func (a *Allocator) releaseStreamPool(ss *streamState, onlyPool int, target uint
 		return nil
 	}
 	var errs []error
-	for _, rel := range rels {
-		if err := a.releaseMarked(ss, rel); err != nil {
+	for i, rel := range rels {
+		var err error
+		if ops[i] != nil {
+			info, _ := a.heap.Block(rel)
+			sg := a.segOf[info.Region]
+			done, uerr := sg.s.EndUnmap(ops[i])
+			err = a.commitReleased(ss, rel, sg, done, uerr)
+		} else {
+			err = a.releaseMarked(ss, rel)
+		}
+		if err != nil {
 			errs = append(errs, err)
 		}
 	}
@@ -385,11 +419,19 @@ func (a *Allocator) releaseMarked(ss *streamState, rel arena.BlockID) error {
 	}
 	lo := uint64(info.Addr - sg.base)
 	done, err := sg.s.Unmap(lo, info.Size)
+	return a.commitReleased(ss, rel, sg, done, err)
+}
+
+// commitReleased commits the release of Releasing block rel of expandable
+// segment sg, whose first done bytes were unmapped (err: what the unmap
+// reported), and counts it. mu held.
+func (a *Allocator) commitReleased(ss *streamState, rel arena.BlockID, sg *seg, done uint64, err error) error {
+	addr := a.heap.Addr(rel)
 	if _, cerr := a.heap.CommitRelease(rel, done); cerr != nil {
 		return errors.Join(err, fmt.Errorf("%w: %w", ErrCorrupt, cerr))
 	}
 	if done > 0 {
-		a.histReserve(false, info.Addr, -int64(done), ss.stream)
+		a.histReserve(false, addr, -int64(done), ss.stream)
 		a.st.ReservedBytes.Add(sg.pool.kind, -int64(done))
 		a.maybeDropEmpty(sg)
 	}

@@ -20,8 +20,16 @@ import (
 // queued on the stream.
 type slowSync struct {
 	*emulated.Emulator
-	slow backend.Stream
-	wait time.Duration
+	slow    backend.Stream
+	wait    time.Duration
+	mapCost time.Duration // wall time of every Map (a real cuMemMap of a large handle)
+}
+
+func (d *slowSync) Map(va uintptr, size uint64, h backend.Handle) error {
+	if d.mapCost > 0 {
+		time.Sleep(d.mapCost)
+	}
+	return d.Emulator.Map(va, size, h)
 }
 
 func (d *slowSync) StreamSynchronize(s backend.Stream) error {
@@ -46,6 +54,11 @@ func (d *slowSync) StreamSynchronize(s backend.Stream) error {
 //     then a 40 ms sleep outside the allocator: what is left is the
 //     driver calls (map, unmap, handle create and release) and the
 //     allocator's own work;
+//   - other=slow-map: eight times, a 40 MiB growth on its stream (two
+//     handles) whose driver Map takes 2 ms each, a Free and a Synchronize
+//     of its stream that unmaps them again (release_threshold_mb:0; the
+//     measured stream's memory stays mapped): 32 ms of maps per
+//     iteration, made without the allocator's mutex since issue 10;
 //   - other=idle: it sleeps 40 ms and calls nothing: the control, what the
 //     machine itself (scheduler, timer, other processes) costs the
 //     measuring goroutine.
@@ -62,7 +75,7 @@ func (d *slowSync) StreamSynchronize(s backend.Stream) error {
 // With GOMAXPROCS=2 (the CI machine: 2 cores) the spinning measurer, the
 // other goroutine and the Go runtime share two threads.
 func BenchmarkMallocFreeDuringWait(b *testing.B) {
-	for _, mode := range []string{"grow-wait", "release-wait", "grow", "idle"} {
+	for _, mode := range []string{"grow-wait", "release-wait", "grow", "slow-map", "idle"} {
 		b.Run("other="+mode, func(b *testing.B) { benchDuringWait(b, mode) })
 	}
 }
@@ -74,7 +87,11 @@ func benchDuringWait(b *testing.B, mode string) {
 	if strings.HasSuffix(mode, "-wait") {
 		drv.wait = 20 * time.Millisecond
 	}
-	a, err := allocator.New(drv, allocator.DefaultConfig())
+	cfg := allocator.DefaultConfig()
+	if mode == "slow-map" {
+		cfg.ReleaseThreshold = 0 // Synchronize(slow) unmaps the slow stream's free handles
+	}
+	a, err := allocator.New(drv, cfg)
 	require.NoError(b, err)
 	defer a.Close()
 	slow, err := drv.StreamCreate(0)
@@ -122,6 +139,16 @@ func benchDuringWait(b *testing.B, mode string) {
 					require.NoError(b, a.Free(ptrs[i]))
 				}
 				require.NoError(b, a.ReleaseStream(slow))
+			}
+		}
+	case "slow-map":
+		drv.mapCost = 2 * time.Millisecond
+		grow = func() {
+			for range 8 {
+				q, err := a.Malloc(40*mib, slow)
+				require.NoError(b, err)
+				require.NoError(b, a.Free(q))
+				require.NoError(b, a.Synchronize(slow))
 			}
 		}
 	case "grow":

@@ -84,7 +84,16 @@
 // A Segment and a HandleCache are not safe for concurrent use. The caller
 // (the allocator) serialises every call to one segment and to the caches
 // and Counters it shares, under its device lock. The Driver itself is safe
-// for concurrent use.
+// for concurrent use, so a map's driver calls can be made without that
+// lock: BeginMap (lock held) validates the range and takes cached
+// handles, MapOp.Run (lock dropped) creates, maps and sets access and
+// touches no segment, cache or Counters state, and EndMap (lock held)
+// records the handles, counts the calls, or rolls back as Map does. While
+// a map is in flight its granules read as unmapped, a map overlapping it
+// is refused, and Release and Destroy return ErrBusy. Map and MapLarge are
+// the three steps in one call. BeginUnmap, UnmapOp.Run and EndUnmap do
+// the same for an unmap (without its stream synchronizes, which the
+// caller makes first): its handles read as mapped until EndUnmap.
 package segment
 
 import (
@@ -117,6 +126,9 @@ var (
 	ErrReleased = errors.New("segment released")
 	// ErrClassic: Map or Unmap was called on a classic segment.
 	ErrClassic = errors.New("operation not supported on a classic segment")
+	// ErrBusy: Release or Destroy was called while a map begun by
+	// BeginMap has not ended, or EndMap was given an op never run.
+	ErrBusy = errors.New("segment has a map in flight")
 	// ErrHandleNotFreed: a handle was unmapped (or a rollback finished) but
 	// its FreePhysical failed; the handle is kept, in the handle cache or
 	// the segment's leftover list, for a later retry.
@@ -210,7 +222,11 @@ type Segment struct {
 	cache    *HandleCache     // optional; holds full-size handles only
 	c        *Counters        // never nil
 	leftover []backend.Handle // handles whose FreePhysical failed and that no cache holds
-	scratch  []backend.Handle // reused by Map: the handles of the pieces being mapped
+	// inflight are the ranges of maps begun (BeginMap) and not yet ended
+	// (EndMap): their granules read as unmapped, no other map may take
+	// them, and Release and Destroy wait for them (ErrBusy).
+	inflight []Run
+	syncOp   MapOp // the op of Map and MapLarge, which end before they return
 	released bool
 }
 
@@ -618,20 +634,12 @@ func (s *Segment) piece(off, end, size uint64, i int) (lo, hi uint64) {
 // driver's; if the rollback itself fails, that error is wrapped too and
 // the segment's state says what stayed.
 func (s *Segment) Map(off, n uint64) error {
-	first, count, err := s.granules("map", off, n)
+	op, err := s.beginMap(off, n, s.pageSize, &s.syncOp)
 	if err != nil {
 		return err
 	}
-	for g := first; g < first+count; g++ {
-		if s.span[g] != 0 {
-			return fmt.Errorf("segment: map [%#x, +%#x): %w: granule at offset %#x",
-				off, n, ErrAlreadyMapped, uint64(g)*s.gran)
-		}
-	}
-	if err := s.mapRange(off, off+n, s.pageSize); err != nil {
-		return fmt.Errorf("segment: map [%#x, +%#x): %w", off, n, err)
-	}
-	return nil
+	op.Run()
+	return s.EndMap(op)
 }
 
 // MapLarge is Map with handles of up to piece bytes (a multiple of
@@ -644,85 +652,208 @@ func (s *Segment) Map(off, n uint64) error {
 // CutAtPageGrid no handle crosses a page boundary); otherwise, and for a
 // bad piece, it returns ErrInvalidRange and does nothing.
 func (s *Segment) MapLarge(off, n, piece uint64) error {
-	if piece < s.pageSize || piece%s.gran != 0 || (piece > s.pageSize && s.cut != CutFromStart) {
-		return fmt.Errorf("segment: map [%#x, +%#x) in %d-byte pieces: %w: want a multiple of the granule of at least a page, larger only when cutting from the start", off, n, piece, ErrInvalidRange)
+	if err := s.checkPiece(off, n, piece); err != nil {
+		return err
 	}
-	first, count, err := s.granules("map", off, n)
+	op, err := s.beginMap(off, n, piece, &s.syncOp)
 	if err != nil {
 		return err
 	}
+	op.Run()
+	return s.EndMap(op)
+}
+
+// BeginMap starts Map(off, n) in three steps, so that the caller can make
+// the driver calls without the lock that guards the segment: BeginMap
+// (lock held) validates the range as Map does, refuses one that overlaps
+// a map in flight (ErrAlreadyMapped), and takes the full-size handles
+// from the cache; MapOp.Run (lock not needed) creates the other handles
+// and maps them and sets their access, touching no segment state; EndMap
+// (lock held) records the handles, or rolls the whole call back as Map
+// does, and returns Map's error. Every MapOp BeginMap returns must be
+// ended with EndMap, after Run; until then the range counts as busy:
+// Release and Destroy return ErrBusy, and its granules read as unmapped.
+func (s *Segment) BeginMap(off, n uint64) (*MapOp, error) {
+	return s.beginMap(off, n, s.pageSize, new(MapOp))
+}
+
+// BeginMapLarge is BeginMap for MapLarge(off, n, piece).
+func (s *Segment) BeginMapLarge(off, n, piece uint64) (*MapOp, error) {
+	if err := s.checkPiece(off, n, piece); err != nil {
+		return nil, err
+	}
+	return s.beginMap(off, n, piece, new(MapOp))
+}
+
+// checkPiece validates MapLarge's piece size.
+func (s *Segment) checkPiece(off, n, piece uint64) error {
+	if piece < s.pageSize || piece%s.gran != 0 || (piece > s.pageSize && s.cut != CutFromStart) {
+		return fmt.Errorf("segment: map [%#x, +%#x) in %d-byte pieces: %w: want a multiple of the granule of at least a page, larger only when cutting from the start", off, n, piece, ErrInvalidRange)
+	}
+	return nil
+}
+
+// beginMap is BeginMap into op, whose handle slice it reuses.
+func (s *Segment) beginMap(off, n, piece uint64, op *MapOp) (*MapOp, error) {
+	first, count, err := s.granules("map", off, n)
+	if err != nil {
+		return nil, err
+	}
 	for g := first; g < first+count; g++ {
 		if s.span[g] != 0 {
-			return fmt.Errorf("segment: map [%#x, +%#x): %w: granule at offset %#x",
+			return nil, fmt.Errorf("segment: map [%#x, +%#x): %w: granule at offset %#x",
 				off, n, ErrAlreadyMapped, uint64(g)*s.gran)
 		}
 	}
-	if err := s.mapRange(off, off+n, piece); err != nil {
-		return fmt.Errorf("segment: map [%#x, +%#x): %w", off, n, err)
+	for _, r := range s.inflight {
+		if r.Off < off+n && off < r.Off+r.Len {
+			return nil, fmt.Errorf("segment: map [%#x, +%#x): %w: [%#x, +%#x) is being mapped",
+				off, n, ErrAlreadyMapped, r.Off, r.Len)
+		}
 	}
-	s.maxHandle = max(s.maxHandle, piece)
-	return nil
+	op.reset(s, off, off+n, piece)
+	op.takeCached()
+	s.inflight = append(s.inflight, Run{Off: off, Len: n})
+	return op, nil
+}
+
+// MapOp is one Map in flight (BeginMap, Run, EndMap). Its fields are
+// written by BeginMap and Run and read by EndMap; the caller orders the
+// three (Run happens after BeginMap returns and before EndMap is called).
+type MapOp struct {
+	s             *Segment
+	off, end      uint64           // the byte range [off, end) being mapped
+	size          uint64           // most bytes per handle (the page, or MapLarge's piece)
+	hs            []backend.Handle // one handle per piece; 0 where none is held
+	cache0        int              // hs[cache0:cache1] came from the cache
+	cache1        int
+	created       int   // handles Run created
+	mapped        int   // pieces Run mapped (the driver's Map succeeded), in address order
+	accessOK      bool  // SetAccess succeeded on every mapped piece
+	err           error // Run's failure, nil if every piece is mapped with its access set
+	ran, finished bool
+}
+
+// reset makes op a fresh map of [off, end) of s in handles of at most
+// size bytes, reusing its handle slice.
+func (op *MapOp) reset(s *Segment, off, end, size uint64) {
+	np := s.numPieces(off, end, size)
+	hs := op.hs
+	if cap(hs) < np {
+		hs = make([]backend.Handle, np)
+	}
+	*op = MapOp{s: s, off: off, end: end, size: size, hs: hs[:np]}
+}
+
+// takeCached takes the full-size pieces' handles from the cache. With
+// pieces larger than a page none is taken.
+func (op *MapOp) takeCached() {
+	s, np := op.s, len(op.hs)
+	full0, full1 := 0, np
+	if op.size != s.pageSize {
+		full1 = 0
+	}
+	if lo, hi := s.piece(op.off, op.end, op.size, 0); full1 > full0 && hi-lo != s.pageSize {
+		full0 = 1
+	}
+	if lo, hi := s.piece(op.off, op.end, op.size, np-1); full1 > full0 && hi-lo != s.pageSize {
+		full1--
+	}
+	op.cache0, op.cache1 = full0, full0
+	if s.cache != nil && full1 > full0 {
+		op.cache1 += s.cache.take(op.hs[full0:full1])
+	}
+}
+
+// Run makes the driver calls of the map: it creates the handles BeginMap
+// did not take from the cache, then maps each piece and sets its access,
+// in address order, and stops at the first failure (EndMap rolls back).
+// It reads only what does not change after New (the driver, addresses,
+// property, access), so it needs no lock; a MapOp is run once.
+func (op *MapOp) Run() {
+	if op.ran {
+		return
+	}
+	op.ran = true
+	s := op.s
+	for i := range op.hs {
+		if op.hs[i] != 0 {
+			continue
+		}
+		lo, hi := s.piece(op.off, op.end, op.size, i)
+		h, err := s.drv.CreatePhysical(hi-lo, s.prop)
+		if err != nil {
+			op.err = fmt.Errorf("create %d-byte handle for [%#x, %#x): %w", hi-lo, lo, hi, err)
+			return
+		}
+		op.created++
+		op.hs[i] = h
+	}
+	for i := range op.hs {
+		lo, hi := s.piece(op.off, op.end, op.size, i)
+		va := s.va(lo)
+		if err := s.drv.Map(va, hi-lo, op.hs[i]); err != nil {
+			op.err = fmt.Errorf("map handle [%#x, %#x) at %#x: %w", lo, hi, va, err)
+			return
+		}
+		op.mapped++
+		if err := s.drv.SetAccess(va, hi-lo, s.access); err != nil {
+			op.err = fmt.Errorf("set access on handle [%#x, %#x) at %#x: %w", lo, hi, va, err)
+			return
+		}
+	}
+}
+
+// EndMap finishes a map begun by BeginMap: after a successful Run it
+// records the handles as mapped and returns nil; otherwise (Run failed,
+// or was never called) it undoes the call as Map does and returns Map's
+// error. Ending an op twice, or an op of another segment, returns
+// ErrInvalidRange and does nothing.
+func (s *Segment) EndMap(op *MapOp) error {
+	if op == nil || op.s != s || op.finished {
+		return fmt.Errorf("segment: end map: %w: not a map in flight on this segment", ErrInvalidRange)
+	}
+	op.finished = true
+	for i, r := range s.inflight {
+		if r.Off == op.off {
+			s.inflight = append(s.inflight[:i], s.inflight[i+1:]...)
+			break
+		}
+	}
+	off, n := op.off, op.end-op.off
+	err := op.err
+	if !op.ran {
+		err = fmt.Errorf("%w: ended before it ran", ErrBusy)
+	}
+	s.c.HandlesCreated += int64(op.created)
+	s.c.Maps += int64(op.mapped)
+	for i := range op.mapped {
+		lo, hi := s.piece(op.off, op.end, op.size, i)
+		s.record(lo, hi, op.hs[i])
+	}
+	if err == nil {
+		s.c.HandlesReused += int64(op.cache1 - op.cache0)
+		s.maxHandle = max(s.maxHandle, op.size)
+		clear(op.hs)
+		return nil
+	}
+	err = s.rollbackMap(op.off, op.end, op.size, op.mapped, op.hs, op.cache0, op.cache1, err)
+	clear(op.hs)
+	return fmt.Errorf("segment: map [%#x, +%#x): %w", off, n, err)
 }
 
 // mapRange maps the unmapped, granule-aligned range [off, end), all or
-// nothing.
+// nothing, in handles of at most size bytes.
 func (s *Segment) mapRange(off, end, size uint64) error {
-	np := s.numPieces(off, end, size)
-	if cap(s.scratch) < np {
-		s.scratch = make([]backend.Handle, np)
-	}
-	hs := s.scratch[:np]
-	defer clear(hs)
-
-	// Full-size pieces are [full0, full1): all but a partial head or tail.
-	// With pieces larger than a page none is taken from the cache.
-	full0, full1 := 0, np
-	if size != s.pageSize {
-		full1 = 0
-	}
-	if lo, hi := s.piece(off, end, size, 0); full1 > full0 && hi-lo != s.pageSize {
-		full0 = 1
-	}
-	if lo, hi := s.piece(off, end, size, np-1); full1 > full0 && hi-lo != s.pageSize {
-		full1--
-	}
-	// hs[cache0:cache1] come from the cache.
-	cache0, cache1 := full0, full0
-	if s.cache != nil && full1 > full0 {
-		cache1 += s.cache.take(hs[full0:full1])
-	}
-	for i := range np {
-		if hs[i] != 0 {
-			continue
-		}
-		lo, hi := s.piece(off, end, size, i)
-		h, err := s.drv.CreatePhysical(hi-lo, s.prop)
-		if err != nil {
-			err = fmt.Errorf("create %d-byte handle for [%#x, %#x): %w", hi-lo, lo, hi, err)
-			return s.rollbackMap(off, end, size, 0, hs, cache0, cache1, err)
-		}
-		s.c.HandlesCreated++
-		hs[i] = h
-	}
-	for i := range np {
-		lo, hi := s.piece(off, end, size, i)
-		va := s.va(lo)
-		if err := s.drv.Map(va, hi-lo, hs[i]); err != nil {
-			err = fmt.Errorf("map handle [%#x, %#x) at %#x: %w", lo, hi, va, err)
-			return s.rollbackMap(off, end, size, i, hs, cache0, cache1, err)
-		}
-		s.c.Maps++
-		s.record(lo, hi, hs[i])
-		if err := s.drv.SetAccess(va, hi-lo, s.access); err != nil {
-			err = fmt.Errorf("set access on handle [%#x, %#x) at %#x: %w", lo, hi, va, err)
-			return s.rollbackMap(off, end, size, i+1, hs, cache0, cache1, err)
-		}
-	}
-	s.c.HandlesReused += int64(cache1 - cache0)
-	return nil
+	s.inflight = append(s.inflight, Run{Off: off, Len: end - off})
+	op := &s.syncOp
+	op.reset(s, off, end, size)
+	op.takeCached()
+	op.Run()
+	return s.EndMap(op)
 }
 
-// rollbackMap undoes a failed mapRange(off, end): it unmaps its first
+// rollbackMap undoes a failed map of [off, end): it unmaps its first
 // nMapped pieces and gives back the handles in hs (hs[cache0:cache1] came
 // from the cache, the others were created). It returns cause, with any
 // rollback failure added.
@@ -816,7 +947,8 @@ func (s *Segment) discard(h backend.Handle, size uint64) error {
 // Unmap unmaps the n bytes at offset off (multiples of Granule, n > 0,
 // within the segment). off and off+n must be handle boundaries and every
 // granule in between mapped: otherwise it returns ErrInvalidRange (a
-// boundary falls inside a handle) or ErrNotMapped (or ErrOutOfRange,
+// boundary falls inside a handle, or the range overlaps an unmap begun by
+// BeginUnmap and not ended) or ErrNotMapped (or ErrOutOfRange,
 // ErrReleased, ErrClassic) and does nothing.
 //
 // It first synchronizes every stream in sync (the streams whose queued
@@ -832,27 +964,15 @@ func (s *Segment) discard(h backend.Handle, size uint64) error {
 // FreePhysical fails, every handle is unmapped (done == n) and the error,
 // wrapping ErrHandleNotFreed, says the handle was kept for a retry.
 func (s *Segment) Unmap(off, n uint64, sync ...backend.Stream) (done uint64, err error) {
-	first, count, err := s.granules("unmap", off, n)
+	first, end, err := s.checkUnmap(off, n)
 	if err != nil {
 		return 0, err
 	}
-	end := first + count
-	for g := first; g < end; {
-		sp := int(s.span[g])
-		switch {
-		case sp == 0:
-			return 0, fmt.Errorf("segment: unmap [%#x, +%#x): %w: granule at offset %#x",
-				off, n, ErrNotMapped, uint64(g)*s.gran)
-		case sp < 0:
-			st, size, _ := s.HandleRange(off)
-			return 0, fmt.Errorf("segment: unmap [%#x, +%#x): %w: start is inside the handle [%#x, +%#x)",
-				off, n, ErrInvalidRange, st, size)
+	for _, r := range s.inflight {
+		if r.Off < off+n && off < r.Off+r.Len {
+			return 0, fmt.Errorf("segment: unmap [%#x, +%#x): %w: [%#x, +%#x) is in flight",
+				off, n, ErrInvalidRange, r.Off, r.Len)
 		}
-		if g+sp > end {
-			return 0, fmt.Errorf("segment: unmap [%#x, +%#x): %w: end is inside the handle [%#x, +%#x)",
-				off, n, ErrInvalidRange, uint64(g)*s.gran, uint64(sp)*s.gran)
-		}
-		g += sp
 	}
 	if err := s.syncStreams(sync); err != nil {
 		return 0, fmt.Errorf("segment: unmap [%#x, +%#x): %w", off, n, err)
@@ -936,6 +1056,9 @@ func (s *Segment) Release() error {
 	if s.nHandles > 0 {
 		return fmt.Errorf("segment: release: %w: %d handles mapped", ErrNotEmpty, s.nHandles)
 	}
+	if len(s.inflight) > 0 {
+		return fmt.Errorf("segment: release: %w: [%#x, +%#x)", ErrBusy, s.inflight[0].Off, s.inflight[0].Len)
+	}
 	return s.release()
 }
 
@@ -954,7 +1077,6 @@ func (s *Segment) markReleased() {
 	s.released = true
 	s.span = nil
 	s.hnd = nil
-	s.scratch = nil
 	s.nHandles = 0
 	s.nGran = 0
 }
@@ -970,6 +1092,9 @@ func (s *Segment) markReleased() {
 func (s *Segment) Destroy(sync ...backend.Stream) error {
 	if s.released {
 		return fmt.Errorf("segment: destroy: %w", ErrReleased)
+	}
+	if len(s.inflight) > 0 {
+		return fmt.Errorf("segment: destroy: %w: [%#x, +%#x)", ErrBusy, s.inflight[0].Off, s.inflight[0].Len)
 	}
 	if s.nHandles > 0 {
 		if err := s.syncStreams(sync); err != nil {
