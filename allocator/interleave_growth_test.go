@@ -1,0 +1,569 @@
+package allocator
+
+import (
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"github.com/vmmalloc/vmmalloc/backend"
+	"github.com/vmmalloc/vmmalloc/backend/emulated"
+)
+
+// heldCall is one driver call stopped in a holdDriver until the test lets
+// it go on.
+type heldCall struct {
+	op     backend.Op
+	stream backend.Stream // StreamSynchronize only
+	va     uintptr        // Map, Unmap, SetAccess only
+	let    chan error     // the test sends nil (go on) or the error to return
+}
+
+// holdDriver is the emulator whose next n calls of an op (CreatePhysical,
+// Map, SetAccess, Unmap, StreamSynchronize), once held with hold, block
+// until the test lets each go on (next, then go), any number at once.
+// slow, if set, is called at the start of every such call (random short
+// sleeps for the stress). Cleanup lets every held call go on.
+type holdDriver struct {
+	*emulated.Emulator
+	mu    sync.Mutex
+	holds map[backend.Op]int    // calls still to hold, per op; mu
+	slow  func()                // nil: no delay; set before use
+	skip  func(va uintptr) bool // calls at va for which it is true are not held; mu
+	calls chan *heldCall        // held calls, in the order they blocked
+	done  chan struct{}         // closed by cleanup: held calls go on
+}
+
+func newHoldDriver(t *testing.T, opts ...emulated.Option) *holdDriver {
+	t.Helper()
+	e, err := emulated.New(opts...)
+	require.NoError(t, err)
+	d := &holdDriver{Emulator: e, holds: map[backend.Op]int{}, calls: make(chan *heldCall, 64), done: make(chan struct{})}
+	t.Cleanup(func() { close(d.done) })
+	return d
+}
+
+// hold makes the next n calls of op block.
+func (d *holdDriver) hold(op backend.Op, n int) {
+	d.mu.Lock()
+	d.holds[op] += n
+	d.mu.Unlock()
+}
+
+func (d *holdDriver) pass(op backend.Op, s backend.Stream) error {
+	return d.passAt(op, s, 0)
+}
+
+func (d *holdDriver) passAt(op backend.Op, s backend.Stream, va uintptr) error {
+	if d.slow != nil {
+		d.slow()
+	}
+	d.mu.Lock()
+	held := d.holds[op] > 0 && (d.skip == nil || va == 0 || !d.skip(va))
+	if held {
+		d.holds[op]--
+	}
+	d.mu.Unlock()
+	if !held {
+		return nil
+	}
+	c := &heldCall{op: op, stream: s, va: va, let: make(chan error, 1)}
+	select {
+	case d.calls <- c:
+	case <-d.done:
+		return nil
+	}
+	select {
+	case err := <-c.let:
+		return err
+	case <-d.done:
+		return nil
+	}
+}
+
+// next returns the next held call, failing the test if none blocks.
+func (d *holdDriver) next(t *testing.T) *heldCall {
+	t.Helper()
+	select {
+	case c := <-d.calls:
+		return c
+	case <-time.After(10 * time.Second):
+		t.Fatal("no held driver call")
+		return nil
+	}
+}
+
+// none asserts that no held call blocks within d.
+func (d *holdDriver) none(t *testing.T, dur time.Duration) {
+	t.Helper()
+	select {
+	case c := <-d.calls:
+		t.Fatalf("unexpected held %v call", c.op)
+	case <-time.After(dur):
+	}
+}
+
+func (c *heldCall) goOn(err error) { c.let <- err }
+
+func (d *holdDriver) CreatePhysical(size uint64, prop backend.PhysicalProp) (backend.Handle, error) {
+	if err := d.pass(backend.OpCreate, 0); err != nil {
+		return 0, err
+	}
+	return d.Emulator.CreatePhysical(size, prop)
+}
+
+func (d *holdDriver) Map(va uintptr, size uint64, h backend.Handle) error {
+	if err := d.passAt(backend.OpMap, 0, va); err != nil {
+		return err
+	}
+	return d.Emulator.Map(va, size, h)
+}
+
+func (d *holdDriver) SetAccess(va uintptr, size uint64, desc []backend.AccessDesc) error {
+	if err := d.passAt(backend.OpSetAccess, 0, va); err != nil {
+		return err
+	}
+	return d.Emulator.SetAccess(va, size, desc)
+}
+
+func (d *holdDriver) Unmap(va uintptr, size uint64) error {
+	if err := d.passAt(backend.OpUnmap, 0, va); err != nil {
+		return err
+	}
+	return d.Emulator.Unmap(va, size)
+}
+
+func (d *holdDriver) StreamSynchronize(s backend.Stream) error {
+	if err := d.pass(backend.OpStreamSync, s); err != nil {
+		return err
+	}
+	return d.Emulator.StreamSynchronize(s)
+}
+
+// verifyQuiescent checks, with no call in flight, what every scenario must
+// leave: Check clean, no wait in flight, reserved bytes (both counters)
+// equal to the bytes the emulator has mapped, every live driver handle
+// either mapped or in the allocator's handle cache, no stream-order
+// violation; then EmptyCache returns everything but what is allocated.
+func verifyQuiescent(t *testing.T, a *Allocator, drv *holdDriver) {
+	t.Helper()
+	require.NoError(t, a.Check())
+	assert.Zero(t, a.inflightWaits(), "a wait or growth left in flight")
+	live := drv.Live()
+	assert.Equal(t, live.MappedBytes, a.MemoryReserved(), "reserved bytes != bytes the driver has mapped")
+	assert.Equal(t, int64(live.MappedBytes), a.Stats().ReservedBytes[0].Current)
+	_, _, cached := a.Footprint()
+	unmapped := 0
+	for _, h := range drv.Handles() {
+		if h.Mappings == 0 && !h.FreedPending {
+			unmapped++
+		}
+	}
+	assert.Equal(t, cached, unmapped, "a live driver handle is neither mapped nor cached (leak)")
+	assert.Empty(t, drv.Violations())
+}
+
+// drainAll frees ps, empties the cache and checks the driver holds no
+// mapping and no handle of the allocator's.
+func drainAll(t *testing.T, a *Allocator, drv *holdDriver, ps []uintptr) {
+	t.Helper()
+	for _, p := range ps {
+		require.NoError(t, a.Free(p))
+	}
+	require.NoError(t, drv.CompleteAll())
+	require.NoError(t, a.EmptyCache())
+	verifyQuiescent(t, a, drv)
+	assert.Zero(t, a.MemoryReserved())
+	live := drv.Live()
+	assert.Zero(t, live.Mappings)
+	assert.Zero(t, live.Handles)
+}
+
+type interleaveMode struct {
+	name string
+	conf string
+}
+
+var interleaveModes = []interleaveMode{
+	{"expandable", "expandable_segments:True"},
+	{"expandable-handle0", "expandable_segments:True,expandable_handle_mb:0"},
+	{"expandable-handle64", "expandable_segments:True,expandable_handle_mb:64"},
+	{"classic", "expandable_segments:False"},
+}
+
+func newInterleave(t *testing.T, conf string, opts ...emulated.Option) (*Allocator, *holdDriver) {
+	t.Helper()
+	drv := newHoldDriver(t, opts...)
+	cfg, err := ParseConfig(conf)
+	require.NoError(t, err)
+	a, err := New(drv, cfg)
+	require.NoError(t, err)
+	return a, drv
+}
+
+func streams(t *testing.T, drv *holdDriver, n int) []backend.Stream {
+	t.Helper()
+	ss := make([]backend.Stream, n)
+	for i := range ss {
+		s, err := drv.StreamCreate(0)
+		require.NoError(t, err)
+		ss[i] = s
+	}
+	return ss
+}
+
+// TestGrowthInterleavings holds a growth's first Map (expandable) or
+// its Map (classic: under the lock, so the racing call simply waits), then
+// runs another call on another goroutine, lets the Map go on, and checks
+// both results and every invariant, in every mode.
+func TestGrowthInterleavings(t *testing.T) {
+	type race struct {
+		name string
+		// run is the racing call on streams ss (ss[0] is the growing
+		// stream); it returns the pointers it leaves allocated.
+		run func(a *Allocator, ss []backend.Stream) ([]uintptr, error)
+		// growErr is what the growing Malloc may return besides nil.
+		growErr error
+	}
+	races := []race{
+		{name: "second growth same stream", run: func(a *Allocator, ss []backend.Stream) ([]uintptr, error) {
+			p, err := a.Malloc(40<<20, ss[0])
+			return []uintptr{p}, err
+		}},
+		{name: "second growth other stream", run: func(a *Allocator, ss []backend.Stream) ([]uintptr, error) {
+			p, err := a.Malloc(40<<20, ss[1])
+			return []uintptr{p}, err
+		}},
+		{name: "small growth other stream", run: func(a *Allocator, ss []backend.Stream) ([]uintptr, error) {
+			p, err := a.Malloc(100<<10, ss[1])
+			return []uintptr{p}, err
+		}},
+		{name: "EmptyCache", run: func(a *Allocator, ss []backend.Stream) ([]uintptr, error) {
+			return nil, a.EmptyCache()
+		}},
+		{name: "Synchronize growing stream", run: func(a *Allocator, ss []backend.Stream) ([]uintptr, error) {
+			return nil, a.Synchronize(ss[0])
+		}},
+		{name: "Synchronize all", run: func(a *Allocator, ss []backend.Stream) ([]uintptr, error) {
+			return nil, a.Synchronize(0)
+		}},
+		{name: "ReleaseStream other", run: func(a *Allocator, ss []backend.Stream) ([]uintptr, error) {
+			return nil, a.ReleaseStream(ss[1])
+		}},
+		{name: "ReleaseStream growing", growErr: ErrInvalidStream, run: func(a *Allocator, ss []backend.Stream) ([]uintptr, error) {
+			return nil, a.ReleaseStream(ss[0])
+		}},
+		{name: "free and reuse other stream", run: func(a *Allocator, ss []backend.Stream) ([]uintptr, error) {
+			p, err := a.Malloc(8<<20, ss[1])
+			if err != nil {
+				return nil, err
+			}
+			if err := a.Free(p); err != nil {
+				return nil, err
+			}
+			return nil, a.EmptyCache()
+		}},
+	}
+	for _, mode := range interleaveModes {
+		for _, r := range races {
+			t.Run(mode.name+"/"+r.name, func(t *testing.T) {
+				a, drv := newInterleave(t, mode.conf, emulated.WithCapacity(1<<30))
+				defer a.Close()
+				ss := streams(t, drv, 2)
+				// A cached free block on ss[1], so the racing calls have
+				// something to release.
+				warm, err := a.Malloc(30<<20, ss[1])
+				require.NoError(t, err)
+				require.NoError(t, a.Free(warm))
+
+				drv.hold(backend.OpMap, 1)
+				grow := growAsync(a, 48<<20, ss[0])
+				held := drv.next(t)
+				racing := make(chan growResult, 1)
+				var left []uintptr
+				go func() {
+					ps, err := r.run(a, ss)
+					left = ps
+					racing <- growResult{err: err}
+				}()
+				if !mode.isClassic() {
+					// The racing call does not need the growth; give it
+					// time to run while the Map is held (a waiter for the
+					// growth blocks here, which is fine).
+					time.Sleep(5 * time.Millisecond)
+				}
+				held.goOn(nil)
+				g := recvGrow(t, grow, "the growing Malloc")
+				rr := recvGrow(t, racing, "the racing call")
+				require.NoError(t, rr.err)
+				var ps []uintptr
+				if g.err != nil {
+					require.NotNil(t, r.growErr, "growing Malloc: %v", g.err)
+					require.ErrorIs(t, g.err, r.growErr)
+				} else {
+					ps = append(ps, g.p)
+				}
+				ps = append(ps, left...)
+				verifyQuiescent(t, a, drv)
+				drainAll(t, a, drv, ps)
+			})
+		}
+	}
+}
+
+func (m interleaveMode) isClassic() bool { return m.name == "classic" }
+
+// TestGrowthMapFailsWhileAnotherInFlight: two growths on different streams
+// (the second started while the first maps); the first's Map fails: its
+// rollback must leave the second's range and the counters intact.
+func TestGrowthMapFailsWhileAnotherInFlight(t *testing.T) {
+	for _, mode := range interleaveModes[:3] {
+		for _, failFirst := range []bool{true, false} {
+			t.Run(fmt.Sprintf("%s/failFirst=%v", mode.name, failFirst), func(t *testing.T) {
+				a, drv := newInterleave(t, mode.conf, emulated.WithCapacity(1<<30))
+				defer a.Close()
+				ss := streams(t, drv, 3)
+				drv.hold(backend.OpMap, 1)
+				first := growAsync(a, 48<<20, ss[0])
+				h1 := drv.next(t)
+				// The second Malloc waits for the first growth; a third
+				// one too. Let the first go on to start the second growth
+				// while a third waiter is queued.
+				second := growAsync(a, 48<<20, ss[1])
+				waitInflight(t, a, 2)
+				if !failFirst {
+					// Hold the second growth's Map, not the first's next.
+					drv.mu.Lock()
+					drv.skip = func(va uintptr) bool { return va >= h1.va && va < h1.va+48<<20 }
+					drv.mu.Unlock()
+				}
+				drv.hold(backend.OpMap, 1)
+				injected := backend.Errorf(backend.OpMap, backend.ErrInvalidArgument, "", "injected")
+				var r1, r2 growResult
+				if failFirst {
+					h1.goOn(injected)
+					// The second Malloc now grows (the first's memory is
+					// rolled back) and is held in its Map.
+					h2 := drv.next(t)
+					third := growAsync(a, 8<<20, ss[2])
+					waitInflight(t, a, 2)
+					h2.goOn(nil)
+					r1 = recvGrow(t, first, "first")
+					r2 = recvGrow(t, second, "second")
+					r3 := recvGrow(t, third, "third")
+					require.ErrorIs(t, r1.err, backend.ErrInvalidArgument)
+					require.NoError(t, r2.err)
+					require.NoError(t, r3.err)
+					verifyQuiescent(t, a, drv)
+					drainAll(t, a, drv, []uintptr{r2.p, r3.p})
+					return
+				}
+				h1.goOn(nil)
+				h2 := drv.next(t)
+				third := growAsync(a, 8<<20, ss[2])
+				waitInflight(t, a, 2)
+				h2.goOn(injected)
+				r1 = recvGrow(t, first, "first")
+				r2 = recvGrow(t, second, "second")
+				r3 := recvGrow(t, third, "third")
+				require.NoError(t, r1.err)
+				require.ErrorIs(t, r2.err, backend.ErrInvalidArgument)
+				require.NoError(t, r3.err)
+				verifyQuiescent(t, a, drv)
+				drainAll(t, a, drv, []uintptr{r1.p, r3.p})
+			})
+		}
+	}
+}
+
+// TestGrowthCapWithBytesInFlight: under a 100 MiB memory-fraction cap, a
+// 64 MiB growth holds its Map; a 48 MiB Malloc on another stream must not
+// map past the cap meanwhile: it waits, then reports out of memory, and
+// the cap is never exceeded in the driver.
+func TestGrowthCapWithBytesInFlight(t *testing.T) {
+	for _, mode := range interleaveModes[:3] {
+		t.Run(mode.name, func(t *testing.T) {
+			a, drv := newInterleave(t, mode.conf+",per_process_memory_fraction:0.390625", emulated.WithCapacity(256<<20)) // 100 MiB
+			defer a.Close()
+			ss := streams(t, drv, 2)
+			drv.hold(backend.OpMap, 1)
+			first := growAsync(a, 64<<20, ss[0])
+			h := drv.next(t)
+			second := growAsync(a, 48<<20, ss[1])
+			waitInflight(t, a, 2)
+			h.goOn(nil)
+			r1 := recvGrow(t, first, "first")
+			r2 := recvGrow(t, second, "second")
+			require.NoError(t, r1.err)
+			var oom *OutOfMemoryError
+			require.ErrorAs(t, r2.err, &oom)
+			assert.LessOrEqual(t, drv.Live().MappedBytes, uint64(100<<20))
+			assert.EqualValues(t, 1, a.Stats().NumOOMs)
+			verifyQuiescent(t, a, drv)
+			drainAll(t, a, drv, []uintptr{r1.p})
+		})
+	}
+}
+
+// TestGrowthDuringWaitedRelease holds the StreamSynchronize of a waited
+// release (EmptyCache of a stream with pending frees) while growths run on
+// other streams, then the unmaps of that release, so growth and unmap run
+// at once without the lock in the same pool.
+func TestGrowthDuringWaitedRelease(t *testing.T) {
+	for _, mode := range interleaveModes {
+		t.Run(mode.name, func(t *testing.T) {
+			a, drv := newInterleave(t, mode.conf, emulated.WithCapacity(1<<30))
+			defer a.Close()
+			ss := streams(t, drv, 3)
+			ps := make([]uintptr, 0, 4)
+			for i := 0; i < 4; i++ {
+				p, err := a.Malloc(24<<20, ss[1])
+				require.NoError(t, err)
+				ps = append(ps, p)
+			}
+			for _, p := range ps {
+				require.NoError(t, a.Free(p))
+			}
+			drv.hold(backend.OpStreamSync, 1)
+			ec := make(chan error, 1)
+			go func() { ec <- a.EmptyCache() }()
+			sync := drv.next(t)
+			require.Equal(t, backend.OpStreamSync, sync.op)
+			drv.hold(backend.OpUnmap, 1)
+			g1 := growAsync(a, 40<<20, ss[0])
+			g2 := growAsync(a, 40<<20, ss[2])
+			r1 := recvGrow(t, g1, "growth 1 during waited release")
+			r2 := recvGrow(t, g2, "growth 2 during waited release")
+			require.NoError(t, r1.err)
+			require.NoError(t, r2.err)
+			sync.goOn(nil)
+			if !mode.isClassic() {
+				un := drv.next(t)
+				require.Equal(t, backend.OpUnmap, un.op)
+				g3 := growAsync(a, 40<<20, ss[1])
+				r3 := recvGrow(t, g3, "growth on the releasing stream during unmap")
+				require.NoError(t, r3.err)
+				un.goOn(nil)
+				require.NoError(t, recvGrow(t, ec, "EmptyCache"))
+				verifyQuiescent(t, a, drv)
+				drainAll(t, a, drv, []uintptr{r1.p, r2.p, r3.p})
+				return
+			}
+			drv.hold(backend.OpUnmap, -1)
+			require.NoError(t, recvGrow(t, ec, "EmptyCache"))
+			verifyQuiescent(t, a, drv)
+			drainAll(t, a, drv, []uintptr{r1.p, r2.p})
+		})
+	}
+}
+
+// TestGrowthStress runs seeded random Malloc/Free/RecordStream/
+// Synchronize/EmptyCache/ReleaseStream on several goroutines over a slow
+// driver (random sleeps in Map, Unmap, create, set access and stream
+// synchronize) under a memory cap, and checks every invariant at
+// quiescent points.
+func TestGrowthStress(t *testing.T) {
+	rounds := 3
+	ops := 150
+	if testing.Short() {
+		rounds, ops = 1, 60
+	}
+	for _, mode := range interleaveModes {
+		for seed := uint64(1); seed <= 2; seed++ {
+			t.Run(fmt.Sprintf("%s/seed=%d", mode.name, seed), func(t *testing.T) {
+				a, drv := newInterleave(t, mode.conf+",per_process_memory_fraction:0.5", emulated.WithCapacity(512<<20))
+				defer a.Close()
+				var smu sync.Mutex
+				srng := rand.New(rand.NewPCG(seed, 99))
+				drv.slow = func() {
+					smu.Lock()
+					d := time.Duration(srng.IntN(200)) * time.Microsecond
+					smu.Unlock()
+					time.Sleep(d)
+				}
+				const workers = 4
+				for round := 0; round < rounds; round++ {
+					ss := streams(t, drv, workers)
+					var wg sync.WaitGroup
+					errs := make(chan error, workers)
+					held := make([][]uintptr, workers)
+					for w := 0; w < workers; w++ {
+						wg.Add(1)
+						go func(w int) {
+							defer wg.Done()
+							rng := rand.New(rand.NewPCG(seed, uint64(round*workers+w)))
+							var mine []uintptr
+							for i := 0; i < ops; i++ {
+								var err error
+								switch k := rng.IntN(100); {
+								case k < 45:
+									size := uint64(1+rng.IntN(64)) << 20
+									if rng.IntN(3) == 0 {
+										size = uint64(1+rng.IntN(512)) << 10
+									}
+									var p uintptr
+									p, err = a.Malloc(size, ss[w])
+									var oom *OutOfMemoryError
+									if errors.As(err, &oom) {
+										err = nil
+									} else if err == nil {
+										mine = append(mine, p)
+										err = drv.Launch(ss[w], p, size)
+									}
+								case k < 80:
+									if len(mine) > 0 {
+										j := rng.IntN(len(mine))
+										if rng.IntN(4) == 0 {
+											err = a.RecordStream(mine[j], ss[(w+1)%workers])
+										}
+										if err == nil {
+											err = a.Free(mine[j])
+										}
+										mine = append(mine[:j], mine[j+1:]...)
+									}
+								case k < 88:
+									err = a.Synchronize(ss[w])
+								case k < 94:
+									err = a.EmptyCache()
+								default:
+									err = drv.Complete(ss[rng.IntN(workers)])
+								}
+								if err != nil {
+									errs <- fmt.Errorf("worker %d op %d: %w", w, i, err)
+									return
+								}
+							}
+							held[w] = mine
+						}(w)
+					}
+					wg.Wait()
+					close(errs)
+					for err := range errs {
+						require.NoError(t, err)
+					}
+					verifyQuiescent(t, a, drv)
+					require.NoError(t, drv.CompleteAll())
+					// Retire this round's streams, the live blocks freed
+					// first; concurrently with the next round's growth
+					// is covered by the races above.
+					for w := range held {
+						for _, p := range held[w] {
+							require.NoError(t, a.Free(p))
+						}
+					}
+					require.NoError(t, drv.CompleteAll())
+					for _, s := range ss {
+						require.NoError(t, a.ReleaseStream(s))
+						require.NoError(t, drv.StreamDestroy(s))
+					}
+					verifyQuiescent(t, a, drv)
+				}
+				drainAll(t, a, drv, nil)
+			})
+		}
+	}
+}
