@@ -472,7 +472,11 @@ func TestGrowthStress(t *testing.T) {
 	if testing.Short() {
 		rounds, ops = 1, 60
 	}
-	for _, mode := range interleaveModes {
+	modes := append(interleaveModes[:len(interleaveModes):len(interleaveModes)],
+		interleaveMode{"expandable-gc", "expandable_segments:True,garbage_collection_threshold:0.6"},
+		interleaveMode{"classic-gc", "expandable_segments:False,garbage_collection_threshold:0.6"},
+	)
+	for _, mode := range modes {
 		for seed := uint64(1); seed <= 2; seed++ {
 			t.Run(fmt.Sprintf("%s/seed=%d", mode.name, seed), func(t *testing.T) {
 				a, drv := newInterleave(t, mode.conf+",per_process_memory_fraction:0.5", emulated.WithCapacity(512<<20))
@@ -540,6 +544,37 @@ func TestGrowthStress(t *testing.T) {
 							held[w] = mine
 						}(w)
 					}
+					// A stream churner: create, use, release and destroy
+					// streams while the workers grow and release.
+					churnErr := make(chan error, 1)
+					go func() {
+						rng := rand.New(rand.NewPCG(seed, uint64(1000+round)))
+						for i := 0; i < ops/10; i++ {
+							s, err := drv.StreamCreate(0)
+							if err == nil {
+								var p uintptr
+								p, err = a.Malloc(uint64(1+rng.IntN(32))<<20, s)
+								var oom *OutOfMemoryError
+								if errors.As(err, &oom) {
+									err = nil
+								} else if err == nil {
+									err = a.Free(p)
+								}
+								if err == nil {
+									err = a.ReleaseStream(s)
+								}
+								if err == nil {
+									err = drv.StreamDestroy(s)
+								}
+							}
+							if err != nil {
+								churnErr <- fmt.Errorf("churn %d: %w", i, err)
+								return
+							}
+						}
+						churnErr <- nil
+					}()
+					require.NoError(t, recvGrow(t, churnErr, "the stream churner"))
 					wg.Wait()
 					close(errs)
 					for err := range errs {
@@ -565,5 +600,56 @@ func TestGrowthStress(t *testing.T) {
 				drainAll(t, a, drv, nil)
 			})
 		}
+	}
+}
+
+// TestTwoGrowthsAtOnce: growth A holds its Map while Mallocs X and Y (on
+// other streams, each with a cached block to defragment) wait for it; when
+// A goes on, one of X and Y grows and is held in its Map, and the other
+// must then grow and complete while that growth is still in flight (it
+// waits only for growths started before it), in the same segment.
+func TestTwoGrowthsAtOnce(t *testing.T) {
+	for _, mode := range interleaveModes[:3] {
+		t.Run(mode.name, func(t *testing.T) {
+			a, drv := newInterleave(t, mode.conf, emulated.WithCapacity(1<<30))
+			defer a.Close()
+			ss := streams(t, drv, 3)
+			for _, s := range ss[1:] {
+				p, err := a.Malloc(6<<20, s)
+				require.NoError(t, err)
+				require.NoError(t, a.Free(p))
+			}
+			drv.hold(backend.OpMap, 1)
+			ga := growAsync(a, 40<<20, ss[0])
+			ha := drv.next(t)
+			gx := growAsync(a, 40<<20, ss[1])
+			gy := growAsync(a, 40<<20, ss[2])
+			waitInflight(t, a, 3)
+			drv.mu.Lock()
+			drv.skip = func(va uintptr) bool { return va >= ha.va && va < ha.va+40<<20 }
+			drv.mu.Unlock()
+			drv.hold(backend.OpMap, 1)
+			ha.goOn(nil)
+			ra := recvGrow(t, ga, "growth A")
+			require.NoError(t, ra.err)
+			hb := drv.next(t)
+			var other growResult
+			var held <-chan growResult
+			select {
+			case other = <-gx:
+				held = gy
+			case other = <-gy:
+				held = gx
+			case <-time.After(10 * time.Second):
+				t.Fatal("neither Malloc completed while the other's growth was held")
+			}
+			require.NoError(t, other.err)
+			hb.goOn(nil)
+			rb := recvGrow(t, held, "the held growth")
+			require.NoError(t, rb.err)
+			assert.NotEqual(t, rb.p, other.p)
+			verifyQuiescent(t, a, drv)
+			drainAll(t, a, drv, []uintptr{ra.p, rb.p, other.p})
+		})
 	}
 }
