@@ -492,6 +492,11 @@ func TestGrowthStress(t *testing.T) {
 				const workers = 4
 				for round := 0; round < rounds; round++ {
 					ss := streams(t, drv, workers)
+					for _, s := range ss {
+						// Work stays pending until completed: an unmap or
+						// reuse before its stream's work ends is a violation.
+						require.NoError(t, drv.Hold(s))
+					}
 					var wg sync.WaitGroup
 					errs := make(chan error, workers)
 					held := make([][]uintptr, workers)
@@ -522,7 +527,10 @@ func TestGrowthStress(t *testing.T) {
 									if len(mine) > 0 {
 										j := rng.IntN(len(mine))
 										if rng.IntN(4) == 0 {
-											err = a.RecordStream(mine[j], ss[(w+1)%workers])
+											o := ss[(w+1)%workers]
+											if err = a.RecordStream(mine[j], o); err == nil {
+												err = drv.Launch(o, mine[j], 1)
+											}
 										}
 										if err == nil {
 											err = a.Free(mine[j])
@@ -597,6 +605,10 @@ func TestGrowthStress(t *testing.T) {
 					}
 					verifyQuiescent(t, a, drv)
 				}
+				st := a.Stats()
+				t.Logf("OOMs %d, alloc retries %d, driver maps %d unmaps %d syncs %d, peak reserved %d MiB",
+					st.NumOOMs, st.NumAllocRetries, drv.Calls(backend.OpMap), drv.Calls(backend.OpUnmap),
+					drv.Calls(backend.OpStreamSync), st.ReservedBytes[0].Peak>>20)
 				drainAll(t, a, drv, nil)
 			})
 		}
