@@ -665,3 +665,57 @@ func TestTwoGrowthsAtOnce(t *testing.T) {
 		})
 	}
 }
+
+// TestWaiterForGrowthInterrupted: a Malloc on ss[1] waits for ss[0]'s
+// growth held in its Map; meanwhile ss[1] is released (the waiter fails
+// with ErrInvalidStream) or the allocator is closed (Close waits for both
+// and the waiter fails with ErrClosed or succeeds before it).
+func TestWaiterForGrowthInterrupted(t *testing.T) {
+	for _, mode := range interleaveModes[:3] {
+		for _, what := range []string{"ReleaseStream", "Close"} {
+			t.Run(mode.name+"/"+what, func(t *testing.T) {
+				a, drv := newInterleave(t, mode.conf, emulated.WithCapacity(1<<30))
+				defer a.Close()
+				ss := streams(t, drv, 2)
+				drv.hold(backend.OpMap, 1)
+				grow := growAsync(a, 40<<20, ss[0])
+				h := drv.next(t)
+				waiter := growAsync(a, 40<<20, ss[1])
+				waitInflight(t, a, 2)
+				done := make(chan error, 1)
+				if what == "ReleaseStream" {
+					go func() { done <- a.ReleaseStream(ss[1]) }()
+					require.NoError(t, recvGrow(t, done, "ReleaseStream of the waiter's stream"))
+					h.goOn(nil)
+					g := recvGrow(t, grow, "the growth")
+					w := recvGrow(t, waiter, "the waiter")
+					require.NoError(t, g.err)
+					require.ErrorIs(t, w.err, ErrInvalidStream)
+					verifyQuiescent(t, a, drv)
+					drainAll(t, a, drv, []uintptr{g.p})
+					return
+				}
+				go func() { done <- a.Close() }()
+				select {
+				case err := <-done:
+					t.Fatalf("Close returned (%v) while a growth and its waiter were in flight", err)
+				case <-time.After(20 * time.Millisecond):
+				}
+				h.goOn(nil)
+				g := recvGrow(t, grow, "the growth")
+				w := recvGrow(t, waiter, "the waiter")
+				require.NoError(t, recvGrow(t, done, "Close"))
+				for _, r := range []growResult{g, w} {
+					if r.err != nil {
+						require.ErrorIs(t, r.err, ErrClosed)
+					}
+				}
+				live := drv.Live()
+				assert.Zero(t, live.Mappings)
+				assert.Zero(t, live.Handles)
+				assert.Zero(t, live.Reservations)
+				assert.Empty(t, drv.Violations())
+			})
+		}
+	}
+}
