@@ -719,3 +719,49 @@ func TestWaiterForGrowthInterrupted(t *testing.T) {
 		}
 	}
 }
+
+// TestDeviceOOMWhileGrowthHoldsHandles: on a 128 MiB device, growth X
+// holds its Map with its 80 MiB of handles created while growth Y (started
+// after X, so not waiting for it) needs 80 MiB too: Y's handle creation
+// fails with the device out of memory; X's map then fails, and Y must get
+// the memory X gave back rather than report out of memory.
+func TestDeviceOOMWhileGrowthHoldsHandles(t *testing.T) {
+	for _, mode := range interleaveModes[:3] {
+		t.Run(mode.name, func(t *testing.T) {
+			a, drv := newInterleave(t, mode.conf, emulated.WithCapacity(128<<20))
+			defer a.Close()
+			ss := streams(t, drv, 3)
+			drv.hold(backend.OpMap, 1)
+			ga := growAsync(a, 24<<20, ss[0])
+			ha := drv.next(t)
+			gx := growAsync(a, 80<<20, ss[1])
+			gy := growAsync(a, 80<<20, ss[2])
+			waitInflight(t, a, 3)
+			drv.mu.Lock()
+			drv.skip = func(va uintptr) bool { return va >= ha.va && va < ha.va+24<<20 }
+			drv.mu.Unlock()
+			drv.hold(backend.OpMap, 1)
+			ha.goOn(nil)
+			ra := recvGrow(t, ga, "growth A")
+			require.NoError(t, ra.err)
+			hb := drv.next(t) // X or Y, its handles created
+			// The other one fails to create its handles, then waits for
+			// the held growth before declaring out of memory.
+			waitInflight(t, a, 2)
+			hb.goOn(backend.Errorf(backend.OpMap, backend.ErrInvalidArgument, "", "injected"))
+			rx := recvGrow(t, gx, "X")
+			ry := recvGrow(t, gy, "Y")
+			var ok, failed growResult
+			if rx.err == nil {
+				ok, failed = rx, ry
+			} else {
+				ok, failed = ry, rx
+			}
+			require.NoError(t, ok.err, "the second growth reported out of memory while the first held the memory")
+			require.ErrorIs(t, failed.err, backend.ErrInvalidArgument)
+			assert.Zero(t, a.Stats().NumOOMs)
+			verifyQuiescent(t, a, drv)
+			drainAll(t, a, drv, []uintptr{ra.p, ok.p})
+		})
+	}
+}
