@@ -765,3 +765,49 @@ func TestDeviceOOMWhileGrowthHoldsHandles(t *testing.T) {
 		})
 	}
 }
+
+// TestReleaseStreamDuringWaitedUnmap: EmptyCache's release of ss[1]'s
+// cached blocks is held first in its StreamSynchronize, then in its first
+// driver Unmap (made without the lock); meanwhile ss[1] is released and
+// destroyed and a new stream grows. Everything must add up after.
+func TestReleaseStreamDuringWaitedUnmap(t *testing.T) {
+	for _, mode := range interleaveModes[:3] {
+		for _, at := range []backend.Op{backend.OpStreamSync, backend.OpUnmap} {
+			t.Run(mode.name+"/"+at.String(), func(t *testing.T) {
+				a, drv := newInterleave(t, mode.conf, emulated.WithCapacity(1<<30))
+				defer a.Close()
+				ss := streams(t, drv, 2)
+				var ps []uintptr
+				for i := 0; i < 3; i++ {
+					p, err := a.Malloc(30<<20, ss[1])
+					require.NoError(t, err)
+					ps = append(ps, p)
+				}
+				for _, p := range ps {
+					require.NoError(t, a.Free(p))
+				}
+				drv.hold(at, 1)
+				ec := make(chan error, 1)
+				go func() { ec <- a.EmptyCache() }()
+				h := drv.next(t)
+				rel := make(chan error, 1)
+				go func() {
+					err := a.ReleaseStream(ss[1])
+					if err == nil {
+						err = drv.StreamDestroy(ss[1])
+					}
+					rel <- err
+				}()
+				require.NoError(t, recvGrow(t, rel, "ReleaseStream during the waited release"))
+				fresh, err := drv.StreamCreate(0)
+				require.NoError(t, err)
+				g := recvGrow(t, growAsync(a, 40<<20, fresh), "growth on a new stream")
+				require.NoError(t, g.err)
+				h.goOn(nil)
+				require.NoError(t, recvGrow(t, ec, "EmptyCache"))
+				verifyQuiescent(t, a, drv)
+				drainAll(t, a, drv, []uintptr{g.p})
+			})
+		}
+	}
+}
