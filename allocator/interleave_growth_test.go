@@ -489,6 +489,19 @@ func TestGrowthStress(t *testing.T) {
 					smu.Unlock()
 					time.Sleep(d)
 				}
+				// Seed 2 also fails growth's driver calls at random: Map
+				// and SetAccess (rolled back), handle creation (out of
+				// memory, the ladder).
+				faults := seed == 2
+				if faults {
+					require.NoError(t, drv.FailRandom(backend.OpMap, 0.05, seed, backend.ErrInvalidArgument))
+					require.NoError(t, drv.FailRandom(backend.OpSetAccess, 0.02, seed+1, backend.ErrInvalidArgument))
+					require.NoError(t, drv.FailRandom(backend.OpCreate, 0.05, seed+2, backend.ErrOutOfMemory))
+				}
+				tolerated := func(err error) bool {
+					var oom *OutOfMemoryError
+					return errors.As(err, &oom) || (faults && errors.Is(err, backend.ErrInvalidArgument))
+				}
 				const workers = 4
 				for round := 0; round < rounds; round++ {
 					ss := streams(t, drv, workers)
@@ -516,8 +529,7 @@ func TestGrowthStress(t *testing.T) {
 									}
 									var p uintptr
 									p, err = a.Malloc(size, ss[w])
-									var oom *OutOfMemoryError
-									if errors.As(err, &oom) {
+									if tolerated(err) {
 										err = nil
 									} else if err == nil {
 										mine = append(mine, p)
@@ -562,8 +574,7 @@ func TestGrowthStress(t *testing.T) {
 							if err == nil {
 								var p uintptr
 								p, err = a.Malloc(uint64(1+rng.IntN(32))<<20, s)
-								var oom *OutOfMemoryError
-								if errors.As(err, &oom) {
+								if tolerated(err) {
 									err = nil
 								} else if err == nil {
 									err = a.Free(p)
@@ -605,7 +616,10 @@ func TestGrowthStress(t *testing.T) {
 					}
 					verifyQuiescent(t, a, drv)
 				}
+				drv.ClearFaults()
 				st := a.Stats()
+				t.Logf("injected failures: map %d set access %d create %d",
+					drv.Failures(backend.OpMap), drv.Failures(backend.OpSetAccess), drv.Failures(backend.OpCreate))
 				t.Logf("OOMs %d, alloc retries %d, driver maps %d unmaps %d syncs %d, peak reserved %d MiB",
 					st.NumOOMs, st.NumAllocRetries, drv.Calls(backend.OpMap), drv.Calls(backend.OpUnmap),
 					drv.Calls(backend.OpStreamSync), st.ReservedBytes[0].Peak>>20)
