@@ -593,7 +593,22 @@ func TestGrowthStress(t *testing.T) {
 						}
 						churnErr <- nil
 					}()
+					// Check and snapshots meanwhile wait for a quiescent
+					// moment; what they see then must be consistent.
+					checkErr := make(chan error, 1)
+					go func() {
+						for i := 0; i < 10; i++ {
+							if err := a.Check(); err != nil {
+								checkErr <- fmt.Errorf("Check %d during the stress: %w", i, err)
+								return
+							}
+							_ = a.Snapshot() // for the race detector: it reads what growth writes
+							time.Sleep(time.Millisecond)
+						}
+						checkErr <- nil
+					}()
 					require.NoError(t, recvGrow(t, churnErr, "the stream churner"))
+					require.NoError(t, recvGrow(t, checkErr, "Check during the stress"))
 					wg.Wait()
 					close(errs)
 					for err := range errs {
