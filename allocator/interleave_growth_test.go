@@ -840,3 +840,47 @@ func TestReleaseStreamDuringWaitedUnmap(t *testing.T) {
 		}
 	}
 }
+
+// TestGrowthDuringGCRelease: under a 128 MiB cap with a garbage
+// collection threshold of half of it, ss[1] caches 70 MiB with work still
+// pending; a 30 MiB Malloc on ss[2] starts the threshold release, whose
+// wait for ss[1] (made without the lock) is held; meanwhile a 20 MiB Malloc
+// on ss[0] must complete meanwhile (growing, or reusing what its own
+// release of ss[1] returned once ss[1]'s work was complete). Then the wait goes on and both Mallocs fit
+// under the cap.
+func TestGrowthDuringGCRelease(t *testing.T) {
+	for _, mode := range interleaveModes {
+		t.Run(mode.name, func(t *testing.T) {
+			a, drv := newInterleave(t, mode.conf+",per_process_memory_fraction:0.5,garbage_collection_threshold:0.5", emulated.WithCapacity(256<<20))
+			defer a.Close()
+			ss := streams(t, drv, 3)
+			cached, err := a.Malloc(70<<20, ss[1])
+			require.NoError(t, err)
+			// Work pending on ss[1]: its cache is not idle, and releasing
+			// it needs a wait for ss[1].
+			require.NoError(t, drv.Hold(ss[1]))
+			require.NoError(t, drv.Launch(ss[1], cached, 1))
+			require.NoError(t, a.Free(cached))
+			drv.hold(backend.OpStreamSync, 1)
+			third := growAsync(a, 30<<20, ss[2])
+			h := drv.next(t)
+			require.Equal(t, ss[1], h.stream, "the threshold release waits for ss[1]")
+			g := recvGrow(t, growAsync(a, 20<<20, ss[0]), "the growth during the threshold release's wait")
+			require.NoError(t, g.err)
+			if g.p < cached+70<<20 && cached < g.p+20<<20 {
+				// It reused ss[1]'s memory (its own release waited for
+				// ss[1]): only with ss[1]'s work complete.
+				pending, err := drv.Pending(ss[1])
+				require.NoError(t, err)
+				assert.Zero(t, pending, "ss[0] got ss[1]'s memory with ss[1]'s work pending")
+			}
+			h.goOn(nil)
+			r := recvGrow(t, third, "the Malloc past the threshold")
+			require.NoError(t, r.err)
+			assert.Zero(t, a.Stats().NumOOMs)
+			assert.LessOrEqual(t, a.MemoryReserved(), uint64(128<<20))
+			verifyQuiescent(t, a, drv)
+			drainAll(t, a, drv, []uintptr{g.p, r.p})
+		})
+	}
+}
