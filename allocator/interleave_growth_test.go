@@ -25,7 +25,7 @@ type heldCall struct {
 
 // holdDriver is the emulator whose next n calls of an op (CreatePhysical,
 // Map, SetAccess, Unmap, StreamSynchronize), once held with hold, block
-// until the test lets each go on (next, then go), any number at once.
+// until the test lets each go on (next, then goOn), any number at once.
 // slow, if set, is called at the start of every such call (random short
 // sleeps for the stress). Cleanup lets every held call go on.
 type holdDriver struct {
@@ -35,7 +35,8 @@ type holdDriver struct {
 	slow  func()                // nil: no delay; set before use
 	skip  func(va uintptr) bool // calls at va for which it is true are not held; mu
 	calls chan *heldCall        // held calls, in the order they blocked
-	done  chan struct{}         // closed by cleanup: held calls go on
+	done  chan struct{}         // closed by releaseAll: held calls go on
+	once  sync.Once             // closes done
 }
 
 func newHoldDriver(t *testing.T, opts ...emulated.Option) *holdDriver {
@@ -43,9 +44,13 @@ func newHoldDriver(t *testing.T, opts ...emulated.Option) *holdDriver {
 	e, err := emulated.New(opts...)
 	require.NoError(t, err)
 	d := &holdDriver{Emulator: e, holds: map[backend.Op]int{}, calls: make(chan *heldCall, 64), done: make(chan struct{})}
-	t.Cleanup(func() { close(d.done) })
+	t.Cleanup(d.releaseAll)
 	return d
 }
+
+// releaseAll lets every held call go on, and every later one pass
+// (idempotent).
+func (d *holdDriver) releaseAll() { d.once.Do(func() { close(d.done) }) }
 
 // hold makes the next n calls of op block.
 func (d *holdDriver) hold(op backend.Op, n int) {
@@ -202,6 +207,12 @@ func newInterleave(t *testing.T, conf string, opts ...emulated.Option) (*Allocat
 	require.NoError(t, err)
 	a, err := New(drv, cfg)
 	require.NoError(t, err)
+	// Close after letting held calls go on, so that a failed test never
+	// leaves Close waiting for a call blocked in the driver.
+	t.Cleanup(func() {
+		drv.releaseAll()
+		_ = a.Close()
+	})
 	return a, drv
 }
 
@@ -272,7 +283,6 @@ func TestGrowthInterleavings(t *testing.T) {
 		for _, r := range races {
 			t.Run(mode.name+"/"+r.name, func(t *testing.T) {
 				a, drv := newInterleave(t, mode.conf, emulated.WithCapacity(1<<30))
-				defer a.Close()
 				ss := streams(t, drv, 2)
 				// A cached free block on ss[1], so the racing calls have
 				// something to release.
@@ -325,7 +335,6 @@ func TestGrowthMapFailsWhileAnotherInFlight(t *testing.T) {
 		for _, failFirst := range []bool{true, false} {
 			t.Run(fmt.Sprintf("%s/failFirst=%v", mode.name, failFirst), func(t *testing.T) {
 				a, drv := newInterleave(t, mode.conf, emulated.WithCapacity(1<<30))
-				defer a.Close()
 				ss := streams(t, drv, 3)
 				drv.hold(backend.OpMap, 1)
 				first := growAsync(a, 48<<20, ss[0])
@@ -388,7 +397,6 @@ func TestGrowthCapWithBytesInFlight(t *testing.T) {
 	for _, mode := range interleaveModes[:3] {
 		t.Run(mode.name, func(t *testing.T) {
 			a, drv := newInterleave(t, mode.conf+",per_process_memory_fraction:0.390625", emulated.WithCapacity(256<<20)) // 100 MiB
-			defer a.Close()
 			ss := streams(t, drv, 2)
 			drv.hold(backend.OpMap, 1)
 			first := growAsync(a, 64<<20, ss[0])
@@ -417,7 +425,6 @@ func TestGrowthDuringWaitedRelease(t *testing.T) {
 	for _, mode := range interleaveModes {
 		t.Run(mode.name, func(t *testing.T) {
 			a, drv := newInterleave(t, mode.conf, emulated.WithCapacity(1<<30))
-			defer a.Close()
 			ss := streams(t, drv, 3)
 			ps := make([]uintptr, 0, 4)
 			for i := 0; i < 4; i++ {
@@ -480,7 +487,6 @@ func TestGrowthStress(t *testing.T) {
 		for seed := uint64(1); seed <= 2; seed++ {
 			t.Run(fmt.Sprintf("%s/seed=%d", mode.name, seed), func(t *testing.T) {
 				a, drv := newInterleave(t, mode.conf+",per_process_memory_fraction:0.5", emulated.WithCapacity(512<<20))
-				defer a.Close()
 				var smu sync.Mutex
 				srng := rand.New(rand.NewPCG(seed, 99))
 				drv.slow = func() {
@@ -653,7 +659,6 @@ func TestTwoGrowthsAtOnce(t *testing.T) {
 	for _, mode := range interleaveModes[:3] {
 		t.Run(mode.name, func(t *testing.T) {
 			a, drv := newInterleave(t, mode.conf, emulated.WithCapacity(1<<30))
-			defer a.Close()
 			ss := streams(t, drv, 3)
 			for _, s := range ss[1:] {
 				p, err := a.Malloc(6<<20, s)
@@ -704,7 +709,6 @@ func TestWaiterForGrowthInterrupted(t *testing.T) {
 		for _, what := range []string{"ReleaseStream", "Close"} {
 			t.Run(mode.name+"/"+what, func(t *testing.T) {
 				a, drv := newInterleave(t, mode.conf, emulated.WithCapacity(1<<30))
-				defer a.Close()
 				ss := streams(t, drv, 2)
 				drv.hold(backend.OpMap, 1)
 				grow := growAsync(a, 40<<20, ss[0])
@@ -758,7 +762,6 @@ func TestDeviceOOMWhileGrowthHoldsHandles(t *testing.T) {
 	for _, mode := range interleaveModes[:3] {
 		t.Run(mode.name, func(t *testing.T) {
 			a, drv := newInterleave(t, mode.conf, emulated.WithCapacity(128<<20))
-			defer a.Close()
 			ss := streams(t, drv, 3)
 			drv.hold(backend.OpMap, 1)
 			ga := growAsync(a, 24<<20, ss[0])
@@ -804,7 +807,6 @@ func TestReleaseStreamDuringWaitedUnmap(t *testing.T) {
 		for _, at := range []backend.Op{backend.OpStreamSync, backend.OpUnmap} {
 			t.Run(mode.name+"/"+at.String(), func(t *testing.T) {
 				a, drv := newInterleave(t, mode.conf, emulated.WithCapacity(1<<30))
-				defer a.Close()
 				ss := streams(t, drv, 2)
 				var ps []uintptr
 				for i := 0; i < 3; i++ {
@@ -852,7 +854,6 @@ func TestGrowthDuringGCRelease(t *testing.T) {
 	for _, mode := range interleaveModes {
 		t.Run(mode.name, func(t *testing.T) {
 			a, drv := newInterleave(t, mode.conf+",per_process_memory_fraction:0.5,garbage_collection_threshold:0.5", emulated.WithCapacity(256<<20))
-			defer a.Close()
 			ss := streams(t, drv, 3)
 			cached, err := a.Malloc(70<<20, ss[1])
 			require.NoError(t, err)
