@@ -29,14 +29,14 @@ func TestHotCountersSettleExact(t *testing.T) {
 					b := blk{PoolKind(1 + r.IntN(2)), int64(512 * (1 + r.IntN(64))), 0}
 					b.req = b.n - int64(r.IntN(512))
 					got.CountMalloc(b.p, b.n, b.req)
-					want.CountMalloc(b.p, b.n, b.req)
+					wantMalloc(&want, b.p, b.n, b.req)
 					live = append(live, b)
 				case op < 17: // cache-hit free
 					j := r.IntN(len(live))
 					b := live[j]
 					live = append(live[:j], live[j+1:]...)
 					got.CountFree(b.p, b.n, b.req)
-					want.CountFree(b.p, b.n, b.req)
+					wantFree(&want, b.p, b.n, b.req)
 				case op == 17: // a slow-path free (eager Dec/Add on the hot arrays)
 					j := r.IntN(len(live))
 					b := live[j]
@@ -99,8 +99,8 @@ func BenchmarkCountMallocFree(b *testing.B) {
 	b.Run("eager", func(b *testing.B) {
 		var d DeviceStats
 		for i := 0; i < b.N; i++ {
-			d.CountMalloc(SmallPool, 4096, 4000)
-			d.CountFree(SmallPool, 4096, 4000)
+			wantMalloc(&d, SmallPool, 4096, 4000)
+			wantFree(&d, SmallPool, 4096, 4000)
 		}
 	})
 	b.Run("hot", func(b *testing.B) {
@@ -110,4 +110,22 @@ func BenchmarkCountMallocFree(b *testing.B) {
 			d.CountFree(SmallPool, 4096, 4000)
 		}
 	})
+}
+
+// wantMalloc and wantFree are the reference for HotCounters: the plain
+// per-array updates of a cache hit.
+func wantMalloc(d *DeviceStats, p PoolKind, n, req int64) {
+	d.Allocation.Inc(p, 1)
+	d.Active.Inc(p, 1)
+	d.AllocatedBytes.Inc(p, n)
+	d.ActiveBytes.Inc(p, n)
+	d.RequestedBytes.Inc(p, req)
+}
+
+func wantFree(d *DeviceStats, p PoolKind, n, req int64) {
+	d.Allocation.Dec(p, 1)
+	d.Active.Dec(p, 1)
+	d.AllocatedBytes.Dec(p, n)
+	d.ActiveBytes.Dec(p, n)
+	d.RequestedBytes.Dec(p, req)
 }

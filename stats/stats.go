@@ -166,38 +166,6 @@ func (s *Stat) dec(n int64) {
 	s.Freed += n
 }
 
-// CountMalloc counts a block of n bytes handed out from pool p (SmallPool
-// or LargePool) for a request of req bytes: Allocation, AllocatedBytes,
-// Active, ActiveBytes and RequestedBytes, each in p and in the aggregate.
-// It is the Inc calls of an allocator's cache hit in one.
-func (d *DeviceStats) CountMalloc(p PoolKind, n, req int64) {
-	d.Allocation[AllPools].inc(1)
-	d.Allocation[p].inc(1)
-	d.Active[AllPools].inc(1)
-	d.Active[p].inc(1)
-	d.AllocatedBytes[AllPools].inc(n)
-	d.AllocatedBytes[p].inc(n)
-	d.ActiveBytes[AllPools].inc(n)
-	d.ActiveBytes[p].inc(n)
-	d.RequestedBytes[AllPools].inc(req)
-	d.RequestedBytes[p].inc(req)
-}
-
-// CountFree undoes CountMalloc for a block freed without waiting for
-// events: the Dec calls of an allocator's cache-hit free in one.
-func (d *DeviceStats) CountFree(p PoolKind, n, req int64) {
-	d.Allocation[AllPools].dec(1)
-	d.Allocation[p].dec(1)
-	d.Active[AllPools].dec(1)
-	d.Active[p].dec(1)
-	d.AllocatedBytes[AllPools].dec(n)
-	d.AllocatedBytes[p].dec(n)
-	d.ActiveBytes[AllPools].dec(n)
-	d.ActiveBytes[p].dec(n)
-	d.RequestedBytes[AllPools].dec(req)
-	d.RequestedBytes[p].dec(req)
-}
-
 // ResetPeak resets the peak of every entry.
 func (a *StatArray) ResetPeak() {
 	for i := range a {
