@@ -488,25 +488,25 @@ func (a *Allocator) mallocSlow(size uint64, stream backend.Stream) (uintptr, err
 }
 
 // bestFit returns the best free block of ss in p for rounded bytes, its
-// address and size, or NoBlock. mu held.
+// address and size, or NoBlock: none fits, or the best one is larger than
+// fitLimits allows (PyTorch's max_split_size rules for classic
+// oversize blocks). mu held.
 func (a *Allocator) bestFit(ss *streamState, p *pool, rounded uint64) (arena.BlockID, uintptr, uint64) {
 	b, addr, size := a.heap.BestFitAt(ss.sid, uint8(p.idx), rounded)
-	if b == arena.NoBlock || a.cfg.MaxSplitSize == 0 || a.cfg.ExpandableSegments {
+	if b == arena.NoBlock {
 		return b, addr, size
 	}
-	// Classic oversize blocks (PyTorch's max_split_size rules).
-	if rounded < a.cfg.MaxSplitSize && size >= a.cfg.MaxSplitSize {
-		return arena.NoBlock, 0, 0
-	}
-	if rounded >= a.cfg.MaxSplitSize && size >= rounded+a.cfg.MaxNonSplitRounding {
+	if maxSize, _ := a.fitLimits(p, rounded); size > maxSize {
 		return arena.NoBlock, 0, 0
 	}
 	return b, addr, size
 }
 
-// fitLimits are bestFit's and shouldSplit's rules as the bounds that
-// arena.Heap.AllocFit takes: the largest free block that may serve a
-// request of rounded bytes in p, and the smallest remainder split off.
+// fitLimits is the one statement of which free block may serve a request
+// of rounded bytes in p (PyTorch's max_split_size rules in classic mode)
+// and when it is split: the largest such block, and the smallest remainder
+// split off. AllocFit takes them as bounds; bestFit and shouldSplit apply
+// them on the general path.
 func (a *Allocator) fitLimits(p *pool, rounded uint64) (maxSize, minSplit uint64) {
 	if a.cfg.ExpandableSegments {
 		return math.MaxUint64, minBlockSize
@@ -532,12 +532,11 @@ func (a *Allocator) fitLimits(p *pool, rounded uint64) (maxSize, minSplit uint64
 	return maxSize, minSplit
 }
 
+// shouldSplit reports whether a free block of size bytes serving rounded
+// bytes in p is split (fitLimits' minimum remainder).
 func (a *Allocator) shouldSplit(p *pool, size, rounded uint64) bool {
-	rem := size - rounded
-	if p.idx == smallIdx || a.cfg.ExpandableSegments {
-		return rem >= minBlockSize
-	}
-	return (a.cfg.MaxSplitSize == 0 || rounded < a.cfg.MaxSplitSize) && rem > smallSize
+	_, minSplit := a.fitLimits(p, rounded)
+	return size-rounded >= minSplit
 }
 
 // inactiveSplit reports whether block b counts in inactive_split: a free

@@ -44,7 +44,13 @@ func TestFitLimitsMatchBestFitRules(t *testing.T) {
 						(rounded < mss && bsize >= mss || rounded >= mss && bsize >= rounded+mnsr)
 					what := fmt.Sprintf("request %d, block %d", rounded, bsize)
 					assert.Equal(t, refused, bsize > maxSize, "refused: "+what)
-					assert.Equal(t, a.shouldSplit(p, bsize, rounded), bsize-rounded >= minSplit, "split: "+what)
+					rem := bsize - rounded
+					split := rem >= minBlockSize
+					if p.idx != smallIdx && !a.cfg.ExpandableSegments {
+						split = (mss == 0 || rounded < mss) && rem > smallSize
+					}
+					assert.Equal(t, split, rem >= minSplit, "split: "+what)
+					assert.Equal(t, split, a.shouldSplit(p, bsize, rounded), "shouldSplit: "+what)
 					checked++
 				}
 			}
