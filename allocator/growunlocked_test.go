@@ -2,8 +2,6 @@ package allocator
 
 import (
 	"errors"
-	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -13,88 +11,41 @@ import (
 	"github.com/vmmalloc/vmmalloc/backend/emulated"
 )
 
-// mapGateDriver is the emulator whose next call of one primitive (op:
-// OpCreate, OpMap or OpSetAccess), once armed, blocks until the test
-// opens the gate, then fails with fail if it is set. OpUnmap gates the
-// driver's Unmap.
+// mapGateDriver is a holdDriver (interleave_growth_test.go) for one
+// primitive op (OpCreate, OpMap, OpSetAccess or OpUnmap): once armed, its
+// next call of op blocks until the test opens the gate, then fails with
+// fail if it is set.
 type mapGateDriver struct {
-	*emulated.Emulator
-	op      backend.Op
-	armed   atomic.Bool
-	entered chan struct{} // one send when the gated call blocks
-	gate    chan struct{} // closed to let it go on
-	fail    error         // returned by the gated call instead of calling the driver
+	*holdDriver
+	op   backend.Op
+	fail error     // returned by the gated call instead of calling the driver
+	held *heldCall // the blocked call, between waitEntered and open
 }
 
-// Callers defer d.open() after deferring the allocator's Close, so that a
-// failed test never leaves Close waiting for a call blocked in the gate.
 func newMapGateDriver(t *testing.T, op backend.Op, opts ...emulated.Option) *mapGateDriver {
 	t.Helper()
-	e, err := emulated.New(opts...)
-	require.NoError(t, err)
-	d := &mapGateDriver{Emulator: e, op: op, entered: make(chan struct{}, 1), gate: make(chan struct{})}
-	t.Cleanup(d.open)
-	return d
+	return &mapGateDriver{holdDriver: newHoldDriver(t, opts...), op: op}
 }
 
-var mapGateOnce sync.Mutex
-
-// open lets the gated call go on (idempotent).
-func (d *mapGateDriver) open() {
-	mapGateOnce.Lock()
-	defer mapGateOnce.Unlock()
-	select {
-	case <-d.gate:
-	default:
-		close(d.gate)
-	}
-}
-
-func (d *mapGateDriver) pass(op backend.Op) error {
-	if op != d.op || !d.armed.CompareAndSwap(true, false) {
-		return nil
-	}
-	d.entered <- struct{}{}
-	<-d.gate
-	return d.fail
-}
-
-func (d *mapGateDriver) CreatePhysical(size uint64, prop backend.PhysicalProp) (backend.Handle, error) {
-	if err := d.pass(backend.OpCreate); err != nil {
-		return 0, err
-	}
-	return d.Emulator.CreatePhysical(size, prop)
-}
-
-func (d *mapGateDriver) Map(va uintptr, size uint64, h backend.Handle) error {
-	if err := d.pass(backend.OpMap); err != nil {
-		return err
-	}
-	return d.Emulator.Map(va, size, h)
-}
-
-func (d *mapGateDriver) Unmap(va uintptr, size uint64) error {
-	if err := d.pass(backend.OpUnmap); err != nil {
-		return err
-	}
-	return d.Emulator.Unmap(va, size)
-}
-
-func (d *mapGateDriver) SetAccess(va uintptr, size uint64, desc []backend.AccessDesc) error {
-	if err := d.pass(backend.OpSetAccess); err != nil {
-		return err
-	}
-	return d.Emulator.SetAccess(va, size, desc)
-}
+// arm makes the next call of op block.
+func (d *mapGateDriver) arm() { d.hold(d.op, 1) }
 
 // waitEntered waits until the gated call blocks.
 func (d *mapGateDriver) waitEntered(t *testing.T) {
 	t.Helper()
-	select {
-	case <-d.entered:
-	case <-time.After(10 * time.Second):
-		t.Fatal("the gated driver call was never made")
+	d.held = d.next(t)
+}
+
+// open lets the gated call go on (idempotent); with none blocked, every
+// later call passes. Callers also defer it after deferring the
+// allocator's Close, so that a failed test never leaves Close waiting.
+func (d *mapGateDriver) open() {
+	if c := d.held; c != nil {
+		d.held = nil
+		c.goOn(d.fail)
+		return
 	}
+	d.releaseAll()
 }
 
 type growResult struct {
@@ -162,7 +113,7 @@ func TestGrowthDriverCallsWithoutLock(t *testing.T) {
 			require.NoError(t, a.Free(warm))
 			before := a.MemoryReserved()
 
-			drv.armed.Store(true)
+			drv.arm()
 			grow := growAsync(a, 48<<20, s1)
 			drv.waitEntered(t)
 
@@ -214,7 +165,7 @@ func TestMallocWaitsForGrowthInFlight(t *testing.T) {
 	s2, err := drv.StreamCreate(0)
 	require.NoError(t, err)
 
-	drv.armed.Store(true)
+	drv.arm()
 	first := growAsync(a, 48<<20, s1)
 	drv.waitEntered(t)
 	second := growAsync(a, 48<<20, s2)
@@ -244,7 +195,7 @@ func TestReleaseStreamDuringGrowth(t *testing.T) {
 	s1, err := drv.StreamCreate(0)
 	require.NoError(t, err)
 
-	drv.armed.Store(true)
+	drv.arm()
 	grow := growAsync(a, 48<<20, s1)
 	drv.waitEntered(t)
 	rel := make(chan error, 1)
@@ -274,7 +225,7 @@ func TestCloseDuringGrowth(t *testing.T) {
 	s1, err := drv.StreamCreate(0)
 	require.NoError(t, err)
 
-	drv.armed.Store(true)
+	drv.arm()
 	grow := growAsync(a, 48<<20, s1)
 	drv.waitEntered(t)
 	closed := make(chan error, 1)
@@ -398,7 +349,7 @@ func TestReleaseUnmapsWithoutLock(t *testing.T) {
 	require.NoError(t, a.Free(big))
 	before := a.MemoryReserved()
 
-	drv.armed.Store(true)
+	drv.arm()
 	emptied := make(chan error, 1)
 	go func() { emptied <- a.EmptyCache() }()
 	drv.waitEntered(t)
@@ -510,7 +461,7 @@ func TestGrowthNeighbourTakenMeanwhile(t *testing.T) {
 	require.NoError(t, err)
 	require.NoError(t, a.Free(low)) // [0, 20) MiB free on s1
 
-	drv.armed.Store(true)
+	drv.arm()
 	grow := growAsync(a, 30*mib, s1) // maps [20, 30) to merge with [0, 20)
 	drv.waitEntered(t)
 	taken, err := a.Malloc(20*mib, s1) // the neighbour, meanwhile
