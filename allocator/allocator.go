@@ -83,10 +83,9 @@ type streamState struct {
 	sid     arena.StreamID // the stream's owner id in the heap, whose free indexes hold its free blocks per pool
 	queue   []pendingEvent // events recorded on this stream, oldest first
 	busyIdx int            // index in Allocator.busy while queue is not empty, else -1
-	freed   uint64         // blocks freed to this stream, ever (Synchronize's wait without the lock)
 	// frees counts Free calls that succeeded on blocks of this stream,
-	// ever, whether the block went free or pending on events:
-	// ReleaseStream waits again when one came during its wait.
+	// ever, whether the block went free or pending on events: Synchronize
+	// and ReleaseStream wait again when one came during their wait.
 	frees   uint64
 	active  int    // Allocated and PendingFree blocks of this stream
 	retired uint64 // events of queue retired, ever (ReleaseStream completes only those queued before its wait)
@@ -611,7 +610,6 @@ func (a *Allocator) countFree(pk arena.Freed) *streamState {
 	}
 	ss.idle = false
 	ss.active--
-	ss.freed++
 	ss.frees++
 	return ss
 }
@@ -723,7 +721,6 @@ func (a *Allocator) freeBlockPeek(b arena.BlockID, info arena.Peek) error {
 	}
 	ss.idle = false
 	ss.active--
-	ss.freed++
 	a.st.Active.Dec(p.kind, 1)
 	a.st.ActiveBytes.Dec(p.kind, int64(info.Size))
 	a.st.RequestedBytes.Dec(p.kind, int64(info.Requested))

@@ -214,7 +214,7 @@
 //     event is PendingFree, which nothing else takes, and an event another
 //     goroutine retired meanwhile is not retired twice.
 //   - Synchronize (StreamSynchronize): marks nothing; blocks freed to the
-//     stream meanwhile (streamState.freed) make its release wait again
+//     stream meanwhile (streamState.frees) make its release wait again
 //     with its blocks marked.
 //   - ReleaseStream (StreamSynchronize): marks the stream releasing:
 //     stream() refuses it (ErrInvalidStream), so no Malloc, RecordStream,

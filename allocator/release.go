@@ -550,7 +550,7 @@ func (a *Allocator) Synchronize(stream backend.Stream) error {
 		return err
 	}
 	a.counters.StreamSyncs++
-	freed := ss.freed
+	frees := ss.frees
 	// The wait runs without mu. Blocks freed to ss meanwhile may have work
 	// queued after the wait began, so the release below waits again (with
 	// the blocks marked) if any was.
@@ -577,5 +577,5 @@ func (a *Allocator) Synchronize(stream backend.Stream) error {
 		return nil
 	}
 	target := uint64(a.st.ReservedBytes[0].Current) - (cached - a.cfg.ReleaseThreshold)
-	return a.releaseStream(ss, target, ss.freed != freed)
+	return a.releaseStream(ss, target, ss.frees != frees)
 }
