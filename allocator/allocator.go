@@ -53,7 +53,7 @@ type Allocator struct {
 	// keepEmpty keeps empty expandable reservations while a released
 	// stream's memory is returned, for the next stream to map into; mu.
 	keepEmpty bool
-	pools     [2]pool           // small, large; mu
+	classes   [2]sizeClass      // small, large; mu
 	segs      []*seg            // every segment, ascending base; mu
 	pending   int               // blocks in PendingFree; mu
 	events    []backend.Event   // idle events for reuse; mu
@@ -106,8 +106,9 @@ type pendingEvent struct {
 	b  arena.BlockID
 }
 
-// pool is the small or the large pool.
-type pool struct {
+// sizeClass is the small or the large size class (PyTorch's small and
+// large "pools"; Pool is the public, private memory pool).
+type sizeClass struct {
 	kind     stats.PoolKind
 	idx      int
 	pageSize uint64 // bytes per full-size physical handle (expandable)
@@ -131,7 +132,7 @@ type seg struct {
 	rid        arena.RegionID // the segment's region in the heap
 	base       uintptr        // first byte of the reservation
 	size       uint64         // nbytes reserved
-	pool       *pool
+	class      *sizeClass
 	expandable bool
 }
 
@@ -169,7 +170,7 @@ func New(drv backend.Driver, cfg Config) (*Allocator, error) {
 	if err != nil {
 		return nil, err
 	}
-	heap, err := arena.NewHeap(len(Allocator{}.pools))
+	heap, err := arena.NewHeap(len(Allocator{}.classes))
 	if err != nil {
 		return nil, err
 	}
@@ -202,7 +203,7 @@ func New(drv backend.Driver, cfg Config) (*Allocator, error) {
 		// (expandable free handles can always be released, so PyTorch
 		// leaves them out).
 		heap.SetSplitHook(func(pool uint8, blocks, bytes int64) {
-			kind := a.pools[pool].kind
+			kind := a.classes[pool].kind
 			a.st.InactiveSplit.Add(kind, blocks)
 			a.st.InactiveSplitBytes.Add(kind, bytes)
 		})
@@ -216,19 +217,19 @@ func New(drv backend.Driver, cfg Config) (*Allocator, error) {
 		a.st.MaxSplitSize = math.MaxInt64
 	}
 	for i, ps := range []uint64{cfg.SmallSegmentSize, cfg.LargeSegmentSize} {
-		p := &a.pools[i]
-		p.idx = i
-		p.kind = stats.SmallPool
+		cl := &a.classes[i]
+		cl.idx = i
+		cl.kind = stats.SmallPool
 		if i == largeIdx {
-			p.kind = stats.LargePool
+			cl.kind = stats.LargePool
 		}
-		p.pageSize = ps
-		p.handleSize = ps
+		cl.pageSize = ps
+		cl.handleSize = ps
 		if i == largeIdx {
-			p.handleSize = max(ps, roundUp(cfg.ExpandableHandleSize, gran))
+			cl.handleSize = max(ps, roundUp(cfg.ExpandableHandleSize, gran))
 		}
-		p.vaSize = reservationSize(total, gran, ps)
-		p.cache = segment.NewHandleCache(drv, ps, prop, int(cfg.HandleCacheSize/ps), &a.counters)
+		cl.vaSize = reservationSize(total, gran, ps)
+		cl.cache = segment.NewHandleCache(drv, ps, prop, int(cfg.HandleCacheSize/ps), &a.counters)
 	}
 	s, err := drv.StreamCreate(cfg.Device)
 	if err != nil {
@@ -407,12 +408,12 @@ func (a *Allocator) roundSize(size uint64) uint64 {
 	return roundUp(size, minBlockSize)
 }
 
-// poolFor returns the pool serving rounded sizes of n bytes.
-func (a *Allocator) poolFor(n uint64) *pool {
+// classFor returns the size class serving rounded sizes of n bytes.
+func (a *Allocator) classFor(n uint64) *sizeClass {
 	if n <= smallSize {
-		return &a.pools[smallIdx]
+		return &a.classes[smallIdx]
 	}
-	return &a.pools[largeIdx]
+	return &a.classes[largeIdx]
 }
 
 // Malloc allocates size bytes on stream (0 = the default stream) and
@@ -430,10 +431,10 @@ func (a *Allocator) Malloc(size uint64, stream backend.Stream) (uintptr, error) 
 		if !a.plainRound {
 			rounded = a.roundSize(size)
 		}
-		p := a.poolFor(rounded)
-		maxSize, minSplit := a.fitLimits(p, rounded)
-		if b, addr, bsize := a.heap.AllocFit(ss.sid, uint8(p.idx), rounded, size, maxSize, minSplit); b != arena.NoBlock {
-			a.countAlloc(ss, p, bsize, size)
+		cl := a.classFor(rounded)
+		maxSize, minSplit := a.fitLimits(cl, rounded)
+		if b, addr, bsize := a.heap.AllocFit(ss.sid, uint8(cl.idx), rounded, size, maxSize, minSplit); b != arena.NoBlock {
+			a.countAlloc(ss, cl, bsize, size)
 			a.mu.Unlock()
 			return addr, nil
 		}
@@ -465,10 +466,10 @@ func (a *Allocator) mallocSlow(size uint64, stream backend.Stream) (uintptr, err
 	if a.pending > 0 {
 		a.processEvents()
 	}
-	p := a.poolFor(rounded)
-	b, addr, bsize := a.bestFit(ss, p, rounded)
+	cl := a.classFor(rounded)
+	b, addr, bsize := a.bestFit(ss, cl, rounded)
 	if b == arena.NoBlock {
-		if b, err = a.allocSlow(ss, p, rounded, size); err != nil {
+		if b, err = a.allocSlow(ss, cl, rounded, size); err != nil {
 			if a.hist != nil {
 				a.histOOM(size, ss.stream, err)
 			}
@@ -477,7 +478,7 @@ func (a *Allocator) mallocSlow(size uint64, stream backend.Stream) (uintptr, err
 		pk, _ := a.heap.Peek(b)
 		addr, bsize = pk.Addr, pk.Size
 	}
-	if err := a.allocFound(ss, p, b, bsize, rounded, size); err != nil {
+	if err := a.allocFound(ss, cl, b, bsize, rounded, size); err != nil {
 		return 0, err
 	}
 	if a.hist != nil {
@@ -486,27 +487,27 @@ func (a *Allocator) mallocSlow(size uint64, stream backend.Stream) (uintptr, err
 	return addr, nil
 }
 
-// bestFit returns the best free block of ss in p for rounded bytes, its
+// bestFit returns the best free block of ss in cl for rounded bytes, its
 // address and size, or NoBlock: none fits, or the best one is larger than
 // fitLimits allows (PyTorch's max_split_size rules for classic
 // oversize blocks). mu held.
-func (a *Allocator) bestFit(ss *streamState, p *pool, rounded uint64) (arena.BlockID, uintptr, uint64) {
-	b, addr, size := a.heap.BestFitAt(ss.sid, uint8(p.idx), rounded)
+func (a *Allocator) bestFit(ss *streamState, cl *sizeClass, rounded uint64) (arena.BlockID, uintptr, uint64) {
+	b, addr, size := a.heap.BestFitAt(ss.sid, uint8(cl.idx), rounded)
 	if b == arena.NoBlock {
 		return b, addr, size
 	}
-	if maxSize, _ := a.fitLimits(p, rounded); size > maxSize {
+	if maxSize, _ := a.fitLimits(cl, rounded); size > maxSize {
 		return arena.NoBlock, 0, 0
 	}
 	return b, addr, size
 }
 
 // fitLimits is the one statement of which free block may serve a request
-// of rounded bytes in p (PyTorch's max_split_size rules in classic mode)
+// of rounded bytes in cl (PyTorch's max_split_size rules in classic mode)
 // and when it is split: the largest such block, and the smallest remainder
 // split off. AllocFit takes them as bounds; bestFit and shouldSplit apply
 // them on the general path.
-func (a *Allocator) fitLimits(p *pool, rounded uint64) (maxSize, minSplit uint64) {
+func (a *Allocator) fitLimits(cl *sizeClass, rounded uint64) (maxSize, minSplit uint64) {
 	if a.cfg.ExpandableSegments {
 		return math.MaxUint64, minBlockSize
 	}
@@ -521,7 +522,7 @@ func (a *Allocator) fitLimits(p *pool, rounded uint64) (maxSize, minSplit uint64
 		maxSize = max(lim, 1) - 1
 	}
 	switch {
-	case p.idx == smallIdx:
+	case cl.idx == smallIdx:
 		minSplit = minBlockSize
 	case a.cfg.MaxSplitSize == 0 || rounded < a.cfg.MaxSplitSize:
 		minSplit = smallSize + 1
@@ -532,9 +533,9 @@ func (a *Allocator) fitLimits(p *pool, rounded uint64) (maxSize, minSplit uint64
 }
 
 // shouldSplit reports whether a free block of size bytes serving rounded
-// bytes in p is split (fitLimits' minimum remainder).
-func (a *Allocator) shouldSplit(p *pool, size, rounded uint64) bool {
-	_, minSplit := a.fitLimits(p, rounded)
+// bytes in cl is split (fitLimits' minimum remainder).
+func (a *Allocator) shouldSplit(cl *sizeClass, size, rounded uint64) bool {
+	_, minSplit := a.fitLimits(cl, rounded)
 	return size-rounded >= minSplit
 }
 
@@ -548,22 +549,22 @@ func (a *Allocator) inactiveSplit(b arena.BlockInfo) bool {
 
 // allocFound hands out free block b of ss, of bsize bytes, for a request,
 // splitting off the rest. mu held.
-func (a *Allocator) allocFound(ss *streamState, p *pool, b arena.BlockID, bsize, rounded, size uint64) error {
-	if a.shouldSplit(p, bsize, rounded) {
+func (a *Allocator) allocFound(ss *streamState, cl *sizeClass, b arena.BlockID, bsize, rounded, size uint64) error {
+	if a.shouldSplit(cl, bsize, rounded) {
 		bsize = rounded
 	}
 	if err := a.heap.Alloc(b, bsize, size); err != nil {
 		return fmt.Errorf("%w: %w", ErrCorrupt, err)
 	}
-	a.countAlloc(ss, p, bsize, size)
+	a.countAlloc(ss, cl, bsize, size)
 	return nil
 }
 
 // countAlloc counts a block of bsize bytes handed out on ss for a request
 // of size bytes. mu held.
-func (a *Allocator) countAlloc(ss *streamState, p *pool, bsize, size uint64) {
+func (a *Allocator) countAlloc(ss *streamState, cl *sizeClass, bsize, size uint64) {
 	ss.active++
-	a.st.CountMalloc(p.kind, int64(bsize), int64(size))
+	a.st.CountMalloc(cl.kind, int64(bsize), int64(size))
 	if a.cfg.MaxSplitSize != 0 && bsize >= a.cfg.MaxSplitSize {
 		a.st.OversizeAllocations.Add(1)
 	}
@@ -604,7 +605,7 @@ func (a *Allocator) countFree(pk arena.Freed) *streamState {
 	if ss == nil || ss.sid != pk.Stream {
 		ss = a.states[pk.Stream]
 	}
-	a.st.CountFree(a.pools[pk.Pool].kind, int64(pk.Size), int64(pk.Requested))
+	a.st.CountFree(a.classes[pk.Pool].kind, int64(pk.Size), int64(pk.Requested))
 	if a.cfg.MaxSplitSize != 0 && pk.Size >= a.cfg.MaxSplitSize {
 		a.st.OversizeAllocations.Add(-1)
 	}
@@ -641,9 +642,9 @@ func (a *Allocator) freeSlow(ptr uintptr) error {
 	}
 	pk, _ := a.heap.Peek(b)
 	a.states[pk.Stream].frees++
-	p := &a.pools[pk.Pool]
-	a.st.Allocation.Dec(p.kind, 1)
-	a.st.AllocatedBytes.Dec(p.kind, int64(pk.Size))
+	cl := &a.classes[pk.Pool]
+	a.st.Allocation.Dec(cl.kind, 1)
+	a.st.AllocatedBytes.Dec(cl.kind, int64(pk.Size))
 	if a.cfg.MaxSplitSize != 0 && pk.Size >= a.cfg.MaxSplitSize {
 		a.st.OversizeAllocations.Add(-1)
 	}
@@ -715,15 +716,15 @@ func (a *Allocator) freeBlockPeek(b arena.BlockID, info arena.Peek) error {
 	if ss == nil || ss.sid != info.Stream {
 		ss = a.states[info.Stream]
 	}
-	p := &a.pools[info.Pool]
+	cl := &a.classes[info.Pool]
 	if _, err := a.heap.Free(b); err != nil {
 		return fmt.Errorf("%w: %w", ErrCorrupt, err)
 	}
 	ss.idle = false
 	ss.active--
-	a.st.Active.Dec(p.kind, 1)
-	a.st.ActiveBytes.Dec(p.kind, int64(info.Size))
-	a.st.RequestedBytes.Dec(p.kind, int64(info.Requested))
+	a.st.Active.Dec(cl.kind, 1)
+	a.st.ActiveBytes.Dec(cl.kind, int64(info.Size))
+	a.st.RequestedBytes.Dec(cl.kind, int64(info.Requested))
 	if ss == a.idle {
 		_ = a.releaseIdle()
 	}
@@ -876,14 +877,14 @@ func (a *Allocator) Close() error {
 		a.dropSeg(sg, mapped)
 		if err != nil { // keep what is left for a later Close to retry
 			errs = append(errs, err)
-			a.addZombie(sg.s, sg.pool.kind)
+			a.addZombie(sg.s, sg.class.kind)
 		}
 	}
 	if err := a.destroyZombies(); err != nil {
 		errs = append(errs, err)
 	}
-	for i := range a.pools {
-		if err := a.pools[i].cache.Trim(0); err != nil {
+	for i := range a.classes {
+		if err := a.classes[i].cache.Trim(0); err != nil {
 			errs = append(errs, err)
 		}
 	}

@@ -69,16 +69,16 @@ func (a *Allocator) check() error {
 		if i > 0 && a.segs[i-1].base+uintptr(a.segs[i-1].size) > sg.base {
 			return corrupt("segments %#x and %#x overlap or are unordered", a.segs[i-1].base, sg.base)
 		}
-		p := sg.pool
+		cl := sg.class
 		r, ok := h.Region(sg.rid)
 		if !ok || a.segOf[sg.rid] != sg {
 			return corrupt("segment %#x has no region in the heap", sg.base)
 		}
-		if r.Base != sg.s.Base() || r.Size != sg.s.Size() || r.Base != sg.base || r.Size != sg.size || int(r.Pool) != p.idx {
+		if r.Base != sg.s.Base() || r.Size != sg.s.Size() || r.Base != sg.base || r.Size != sg.size || int(r.Pool) != cl.idx {
 			return corrupt("region %#x+%d (pool %d) differs from its segment %#x+%d", r.Base, r.Size, r.Pool, sg.s.Base(), sg.s.Size())
 		}
-		want.Segment.Add(p.kind, 1)
-		want.ReservedBytes.Add(p.kind, int64(sg.s.MappedBytes()))
+		want.Segment.Add(cl.kind, 1)
+		want.ReservedBytes.Add(cl.kind, int64(sg.s.MappedBytes()))
 		if !sg.expandable && a.cfg.MaxSplitSize != 0 && r.Size >= a.cfg.MaxSplitSize {
 			want.OversizeSegments.Add(1)
 		}
@@ -129,23 +129,23 @@ func (a *Allocator) check() error {
 					return corrupt("free block %#x has events, uses or a requested size", b.Addr)
 				}
 				if a.inactiveSplit(b) {
-					want.InactiveSplit.Add(p.kind, 1)
-					want.InactiveSplitBytes.Add(p.kind, n)
+					want.InactiveSplit.Add(cl.kind, 1)
+					want.InactiveSplitBytes.Add(cl.kind, n)
 				}
 			case arena.Releasing, arena.Mapping:
 				return corrupt("block %#x is %s with the lock held", b.Addr, b.State)
 			case arena.Allocated, arena.PendingFree:
 				active[a.states[b.StreamID]]++
-				want.Active.Add(p.kind, 1)
-				want.ActiveBytes.Add(p.kind, n)
-				want.RequestedBytes.Add(p.kind, int64(b.Requested))
+				want.Active.Add(cl.kind, 1)
+				want.ActiveBytes.Add(cl.kind, n)
+				want.RequestedBytes.Add(cl.kind, int64(b.Requested))
 				if b.Requested == 0 || b.Requested > b.Size {
 					return corrupt("block %#x: requested %d of %d bytes", b.Addr, b.Requested, b.Size)
 				}
 				if b.State == arena.Allocated {
 					nLive++
-					want.Allocation.Add(p.kind, 1)
-					want.AllocatedBytes.Add(p.kind, n)
+					want.Allocation.Add(cl.kind, 1)
+					want.AllocatedBytes.Add(cl.kind, n)
 					if a.cfg.MaxSplitSize != 0 && b.Size >= a.cfg.MaxSplitSize {
 						want.OversizeAllocations.Add(1)
 					}
@@ -337,7 +337,7 @@ func (a *Allocator) footprint() (reservations, mappings []Range, cachedHandles i
 			mappings = append(mappings, Range{Addr: sg.s.Base() + uintptr(h.Off), Size: h.Len})
 		}
 	}
-	cachedHandles = a.pools[0].cache.Len() + a.pools[1].cache.Len()
+	cachedHandles = a.classes[0].cache.Len() + a.classes[1].cache.Len()
 	for _, sg := range a.segs {
 		cachedHandles += sg.s.Leftovers()
 	}
@@ -410,7 +410,7 @@ func (a *Allocator) snapshotLocked() stats.Snapshot {
 	for _, sg := range a.segs {
 		si := stats.SegmentInfo{
 			Device: a.dev, Address: sg.base, TotalSize: sg.size, MappedSize: sg.s.MappedBytes(),
-			Pool: sg.pool.kind, IsExpandable: sg.expandable, PageSize: sg.s.PageSize(),
+			Pool: sg.class.kind, IsExpandable: sg.expandable, PageSize: sg.s.PageSize(),
 		}
 		r, _ := a.heap.Region(sg.rid)
 		for id := r.Head; id != arena.NoBlock; id = a.heap.Next(id) {

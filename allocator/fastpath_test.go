@@ -32,7 +32,7 @@ func TestFitLimitsMatchBestFitRules(t *testing.T) {
 			a, _ := newAlloc(t, conf)
 			checked := 0
 			for _, rounded := range sizes {
-				p := a.poolFor(rounded)
+				p := a.classFor(rounded)
 				maxSize, minSplit := a.fitLimits(p, rounded)
 				require.NotZero(t, minSplit)
 				for _, bsize := range sizes {

@@ -26,7 +26,7 @@ func isOOM(err error) bool {
 // out-of-memory climbs the ladder: release cached handles → wait for
 // pending events and release every free handle and segment → retry → a
 // typed OutOfMemoryError. It returns a free block of ss. mu held.
-func (a *Allocator) allocSlow(ss *streamState, p *pool, rounded, size uint64) (arena.BlockID, error) {
+func (a *Allocator) allocSlow(ss *streamState, cl *sizeClass, rounded, size uint64) (arena.BlockID, error) {
 	if thr := a.cfg.GarbageCollectionThreshold; thr > 0 && a.cfg.PerProcessMemoryFraction < 1 {
 		limit := uint64(thr * float64(a.allowed))
 		if uint64(a.st.ReservedBytes[0].Current) > limit {
@@ -35,17 +35,17 @@ func (a *Allocator) allocSlow(ss *streamState, p *pool, rounded, size uint64) (a
 	}
 	// A growth in flight (mapping without mu) may leave what this request
 	// needs free on ss; wait for it rather than map a second range.
-	if b, err := a.awaitGrowths(ss, p, rounded); b != arena.NoBlock || err != nil {
+	if b, err := a.awaitGrowths(ss, cl, rounded); b != arena.NoBlock || err != nil {
 		return b, err
 	}
-	b, err := a.grow(ss, p, rounded)
+	b, err := a.grow(ss, cl, rounded)
 	if err == nil || !isOOM(err) {
 		return b, err
 	}
 	// Rung 1: cached physical handles hold device memory without being mapped.
 	if a.cachedHandleBytes() > 0 {
 		if terr := a.trimCaches(); terr == nil {
-			if b, err = a.grow(ss, p, rounded); err == nil || !isOOM(err) {
+			if b, err = a.grow(ss, cl, rounded); err == nil || !isOOM(err) {
 				return b, err
 			}
 		}
@@ -55,20 +55,20 @@ func (a *Allocator) allocSlow(ss *streamState, p *pool, rounded, size uint64) (a
 	// others), then retry whatever the release reported.
 	a.st.NumAllocRetries++
 	rerr := a.releaseAll()
-	if b, _, _ = a.bestFit(ss, p, rounded); b != arena.NoBlock {
+	if b, _, _ = a.bestFit(ss, cl, rounded); b != arena.NoBlock {
 		return b, nil
 	}
-	if b, err = a.grow(ss, p, rounded); err == nil || !isOOM(err) {
+	if b, err = a.grow(ss, cl, rounded); err == nil || !isOOM(err) {
 		return b, err
 	}
 	// Memory a growth in flight holds may come back (its map fails) or
 	// leave room; out of memory is declared only with none in flight.
 	if len(a.growths) > 0 {
 		var werr error
-		if b, werr = a.awaitGrowths(ss, p, rounded); b != arena.NoBlock || werr != nil {
+		if b, werr = a.awaitGrowths(ss, cl, rounded); b != arena.NoBlock || werr != nil {
 			return b, werr
 		}
-		if b, err = a.grow(ss, p, rounded); err == nil || !isOOM(err) {
+		if b, err = a.grow(ss, cl, rounded); err == nil || !isOOM(err) {
 			return b, err
 		}
 	}
@@ -77,7 +77,7 @@ func (a *Allocator) allocSlow(ss *streamState, p *pool, rounded, size uint64) (a
 	oom := &OutOfMemoryError{
 		Device:    a.dev,
 		Requested: size,
-		Tried:     a.growSize(p, rounded),
+		Tried:     a.growSize(cl, rounded),
 		Total:     a.total,
 		Free:      free,
 		Allocated: uint64(a.st.AllocatedBytes[0].Current),
@@ -105,7 +105,7 @@ func (a *Allocator) owns(ss *streamState) bool {
 }
 
 // growSize is how many bytes growth for rounded maps.
-func (a *Allocator) growSize(p *pool, rounded uint64) uint64 {
+func (a *Allocator) growSize(cl *sizeClass, rounded uint64) uint64 {
 	if a.cfg.ExpandableSegments {
 		return roundUp(rounded, a.gran)
 	}
@@ -132,25 +132,25 @@ func (a *Allocator) overCap(n uint64) bool {
 
 // grow maps new memory for a request and returns a free block of ss of at
 // least rounded bytes. mu held.
-func (a *Allocator) grow(ss *streamState, p *pool, rounded uint64) (arena.BlockID, error) {
+func (a *Allocator) grow(ss *streamState, cl *sizeClass, rounded uint64) (arena.BlockID, error) {
 	if !a.owns(ss) {
 		return arena.NoBlock, fmt.Errorf("%w: stream %d was released while a Malloc on it waited", ErrInvalidStream, ss.stream)
 	}
 	if !a.cfg.ExpandableSegments {
-		return a.growClassic(ss, p, rounded)
+		return a.growClassic(ss, cl, rounded)
 	}
 	for {
-		b, err := a.growExpandable(ss, p, rounded)
+		b, err := a.growExpandable(ss, cl, rounded)
 		if err != errGrowAgain {
 			return b, err
 		}
-		if b, _, _ := a.bestFit(ss, p, rounded); b != arena.NoBlock {
+		if b, _, _ := a.bestFit(ss, cl, rounded); b != arena.NoBlock {
 			return b, nil
 		}
 	}
 }
 
-func (a *Allocator) growClassic(ss *streamState, p *pool, rounded uint64) (arena.BlockID, error) {
+func (a *Allocator) growClassic(ss *streamState, cl *sizeClass, rounded uint64) (arena.BlockID, error) {
 	size := a.classicSegmentSize(rounded)
 	if a.overCap(size) {
 		return arena.NoBlock, backend.Errorf(backend.OpCreate, backend.ErrOutOfMemory, "", "per_process_memory_fraction cap %d bytes reached", a.allowed)
@@ -160,17 +160,17 @@ func (a *Allocator) growClassic(ss *streamState, p *pool, rounded uint64) (arena
 	})
 	if err != nil {
 		if s != nil { // rollback incomplete: keep it to destroy later
-			a.addZombie(s, p.kind)
+			a.addZombie(s, cl.kind)
 		}
 		return arena.NoBlock, err
 	}
-	sg := &seg{s: s, pool: p}
+	sg := &seg{s: s, class: cl}
 	head, err := a.addSeg(sg, arena.Free, ss.sid)
 	if err != nil {
 		return arena.NoBlock, errors.Join(err, s.Destroy())
 	}
-	a.st.Segment.Add(p.kind, 1)
-	a.st.ReservedBytes.Add(p.kind, int64(s.MappedBytes()))
+	a.st.Segment.Add(cl.kind, 1)
+	a.st.ReservedBytes.Add(cl.kind, int64(s.MappedBytes()))
 	a.histReserve(true, s.Base(), int64(s.MappedBytes()), ss.stream)
 	if a.cfg.MaxSplitSize != 0 && s.Size() >= a.cfg.MaxSplitSize {
 		a.st.OversizeSegments.Add(1)
@@ -183,14 +183,14 @@ func (a *Allocator) growClassic(ss *streamState, p *pool, rounded uint64) (arena
 // is mapped), fits rounded bytes, maps the granules needed, and returns the
 // merged free block. With no such run it reserves a new segment if the VA
 // budget allows. mu held.
-func (a *Allocator) growExpandable(ss *streamState, p *pool, rounded uint64) (arena.BlockID, error) {
+func (a *Allocator) growExpandable(ss *streamState, cl *sizeClass, rounded uint64) (arena.BlockID, error) {
 	if a.cfg.DefragThreshold >= 0 {
-		if b := a.adoptFromStreams(ss, p, rounded); b != arena.NoBlock {
+		if b := a.adoptFromStreams(ss, cl, rounded); b != arena.NoBlock {
 			return b, nil // another stream's idle handles, mapped where they are
 		}
-		defer a.holdForGrowth(p, rounded)() // handles unmapped now are remapped below
-		a.reclaimBeforeGrow(ss, p, rounded) // other streams first: no wait
-		a.defragBeforeGrow(ss, p, rounded)  // drops mu while it waits for ss
+		defer a.holdForGrowth(cl, rounded)() // handles unmapped now are remapped below
+		a.reclaimBeforeGrow(ss, cl, rounded) // other streams first: no wait
+		a.defragBeforeGrow(ss, cl, rounded)  // drops mu while it waits for ss
 		if !a.owns(ss) {
 			return arena.NoBlock, fmt.Errorf("%w: stream %d was released while a Malloc on it waited", ErrInvalidStream, ss.stream)
 		}
@@ -206,7 +206,7 @@ func (a *Allocator) growExpandable(ss *streamState, p *pool, rounded uint64) (ar
 		u      arena.BlockID
 		mapLen uint64
 	)
-	h.AscendUnmapped(uint8(p.idx), func(c arena.BlockID) bool {
+	h.AscendUnmapped(uint8(cl.idx), func(c arena.BlockID) bool {
 		pre := freeSize(h.Prev(c))
 		size := h.Size(c)
 		need := roundUp(rounded-min(pre, rounded-1), a.gran)
@@ -221,7 +221,7 @@ func (a *Allocator) growExpandable(ss *streamState, p *pool, rounded uint64) (ar
 		return true
 	})
 	if u == arena.NoBlock {
-		if p.nexp >= a.cfg.MaxSegmentsPerPool {
+		if cl.nexp >= a.cfg.MaxSegmentsPerPool {
 			return arena.NoBlock, errNoVA
 		}
 		mapLen = roundUp(rounded, a.gran)
@@ -229,8 +229,8 @@ func (a *Allocator) growExpandable(ss *streamState, p *pool, rounded uint64) (ar
 			return arena.NoBlock, backend.Errorf(backend.OpMap, backend.ErrOutOfMemory, "", "per_process_memory_fraction cap %d bytes reached", a.allowed)
 		}
 		s, err := segment.New(a.drv, segment.Config{
-			Device: a.dev, Prop: backend.DeviceProp(a.dev), PageSize: p.pageSize, Cut: segment.CutFromStart,
-			VASize: max(p.vaSize, roundUp(mapLen, p.pageSize)), Cache: p.cache, Counters: &a.counters,
+			Device: a.dev, Prop: backend.DeviceProp(a.dev), PageSize: cl.pageSize, Cut: segment.CutFromStart,
+			VASize: max(cl.vaSize, roundUp(mapLen, cl.pageSize)), Cache: cl.cache, Counters: &a.counters,
 		})
 		if err != nil {
 			if errors.Is(err, backend.ErrOutOfMemory) {
@@ -238,12 +238,12 @@ func (a *Allocator) growExpandable(ss *streamState, p *pool, rounded uint64) (ar
 			}
 			return arena.NoBlock, err
 		}
-		sg := &seg{s: s, pool: p, expandable: true}
+		sg := &seg{s: s, class: cl, expandable: true}
 		if u, err = a.addSeg(sg, arena.Unmapped, 0); err != nil {
 			return arena.NoBlock, errors.Join(err, s.Release())
 		}
-		p.nexp++
-		a.st.Segment.Add(p.kind, 1)
+		cl.nexp++
+		a.st.Segment.Add(cl.kind, 1)
 	}
 	if a.overCap(mapLen) {
 		return arena.NoBlock, backend.Errorf(backend.OpMap, backend.ErrOutOfMemory, "", "per_process_memory_fraction cap %d bytes reached", a.allowed)
@@ -263,7 +263,7 @@ func (a *Allocator) growExpandable(ss *streamState, p *pool, rounded uint64) (ar
 		if _, aerr := h.AbortMap(m); aerr != nil {
 			return arena.NoBlock, errors.Join(err, fmt.Errorf("%w: %w", ErrCorrupt, aerr))
 		}
-		a.adoptStrayMappings(owner, p, sg, addr, mapLen)
+		a.adoptStrayMappings(owner, cl, sg, addr, mapLen)
 		a.maybeDropEmpty(sg)
 		return arena.NoBlock, err
 	}
@@ -274,7 +274,7 @@ func (a *Allocator) growExpandable(ss *streamState, p *pool, rounded uint64) (ar
 		if _, err := h.CommitMap(m, a.idle.sid); err != nil {
 			return arena.NoBlock, fmt.Errorf("%w: %w", ErrCorrupt, err)
 		}
-		a.st.ReservedBytes.Add(p.kind, int64(mapLen))
+		a.st.ReservedBytes.Add(cl.kind, int64(mapLen))
 		a.histReserve(false, addr, int64(mapLen), a.idle.stream)
 		return arena.NoBlock, fmt.Errorf("%w: stream %d was released while a Malloc on it grew the pool", ErrInvalidStream, stream)
 	}
@@ -282,7 +282,7 @@ func (a *Allocator) growExpandable(ss *streamState, p *pool, rounded uint64) (ar
 	if err != nil {
 		return arena.NoBlock, fmt.Errorf("%w: %w", ErrCorrupt, err)
 	}
-	a.st.ReservedBytes.Add(p.kind, int64(mapLen))
+	a.st.ReservedBytes.Add(cl.kind, int64(mapLen))
 	a.histReserve(false, addr, int64(mapLen), ss.stream)
 	if h.Size(b) < rounded {
 		// A free neighbour the growth counted on was allocated while mu
@@ -317,8 +317,8 @@ func (a *Allocator) mapGrowth(sg *seg, off, n uint64) error {
 		op  *segment.MapOp
 		err error
 	)
-	if p := sg.pool; p.handleSize > p.pageSize && n >= p.handleSize {
-		op, err = sg.s.BeginMapLarge(off, n, p.handleSize)
+	if cl := sg.class; cl.handleSize > cl.pageSize && n >= cl.handleSize {
+		op, err = sg.s.BeginMapLarge(off, n, cl.handleSize)
 	} else {
 		op, err = sg.s.BeginMap(off, n)
 	}
@@ -347,7 +347,7 @@ func (a *Allocator) mapGrowth(sg *seg, off, n uint64) error {
 // (NoBlock if none). It returns ErrClosed or ErrInvalidStream if the
 // allocator was closed or ss released meanwhile. mu held on entry and on
 // return.
-func (a *Allocator) awaitGrowths(ss *streamState, p *pool, rounded uint64) (arena.BlockID, error) {
+func (a *Allocator) awaitGrowths(ss *streamState, cl *sizeClass, rounded uint64) (arena.BlockID, error) {
 	if len(a.growths) == 0 {
 		return arena.NoBlock, nil
 	}
@@ -366,7 +366,7 @@ func (a *Allocator) awaitGrowths(ss *streamState, p *pool, rounded uint64) (aren
 	case !a.owns(ss) || ss.stream != stream:
 		return arena.NoBlock, fmt.Errorf("%w: stream %d was released while a Malloc on it waited", ErrInvalidStream, stream)
 	}
-	b, _, _ := a.bestFit(ss, p, rounded)
+	b, _, _ := a.bestFit(ss, cl, rounded)
 	return b, nil
 }
 
@@ -379,14 +379,14 @@ func (a *Allocator) awaitGrowths(ss *streamState, p *pool, rounded uint64) (aren
 // the same physical memory at the new address. Other streams' handles are
 // left to the out-of-memory ladder: growth never waits for another stream.
 // Failures are left to the growth (and the OOM ladder) to report. mu held.
-func (a *Allocator) defragBeforeGrow(ss *streamState, p *pool, rounded uint64) {
-	excess := a.defragExcess(p, rounded)
+func (a *Allocator) defragBeforeGrow(ss *streamState, cl *sizeClass, rounded uint64) {
+	excess := a.defragExcess(cl, rounded)
 	if excess == 0 {
 		return
 	}
 	total := uint64(a.st.ReservedBytes[0].Current)
 	target := total - min(excess, total)
-	_ = a.releaseStreamPool(ss, p.idx, target, true)
+	_ = a.releaseStreamPool(ss, cl.idx, target, true)
 }
 
 // adoptStrayMappings reconciles the range [addr, addr+n) of segment sg,
@@ -394,7 +394,7 @@ func (a *Allocator) defragBeforeGrow(ss *streamState, p *pool, rounded uint64) {
 // failed too: handles the segment still has mapped inside it are unmapped
 // again, and any that stay mapped become free blocks of ss, so the
 // allocator's view stays true and the memory stays usable. mu held.
-func (a *Allocator) adoptStrayMappings(ss *streamState, p *pool, sg *seg, addr uintptr, n uint64) {
+func (a *Allocator) adoptStrayMappings(ss *streamState, cl *sizeClass, sg *seg, addr uintptr, n uint64) {
 	lo0 := uint64(addr - sg.base)
 	hi0 := lo0 + n
 	for _, r := range sg.s.MappedRuns() {
@@ -416,7 +416,7 @@ func (a *Allocator) adoptStrayMappings(ss *streamState, p *pool, sg *seg, addr u
 		if _, err := a.heap.CommitMap(m, ss.sid); err != nil {
 			continue
 		}
-		a.st.ReservedBytes.Add(p.kind, int64(hi-lo))
+		a.st.ReservedBytes.Add(cl.kind, int64(hi-lo))
 		a.histReserve(false, at, int64(hi-lo), ss.stream)
 	}
 }
@@ -426,7 +426,7 @@ func (a *Allocator) adoptStrayMappings(ss *streamState, p *pool, sg *seg, addr u
 // block. mu held.
 func (a *Allocator) addSeg(sg *seg, st arena.State, sid arena.StreamID) (arena.BlockID, error) {
 	sg.base, sg.size = sg.s.Base(), sg.s.Size()
-	rid, head, err := a.heap.AddRegion(sg.base, sg.size, uint8(sg.pool.idx), st, sid)
+	rid, head, err := a.heap.AddRegion(sg.base, sg.size, uint8(sg.class.idx), st, sid)
 	if err != nil {
 		return arena.NoBlock, fmt.Errorf("%w: %w", ErrCorrupt, err)
 	}
@@ -445,7 +445,7 @@ func (a *Allocator) addSeg(sg *seg, st arena.State, sid arena.StreamID) (arena.B
 // dropSeg forgets a destroyed or released segment and its blocks,
 // adjusting statistics; mapped is the bytes it had mapped. mu held.
 func (a *Allocator) dropSeg(sg *seg, mapped uint64) {
-	p := sg.pool
+	cl := sg.class
 	h := a.heap
 	info, _ := h.Region(sg.rid)
 	a.histReserve(!sg.expandable, sg.base, -int64(mapped), h.Stream(h.StreamOf(info.Head)))
@@ -458,20 +458,20 @@ func (a *Allocator) dropSeg(sg *seg, mapped uint64) {
 		a.states[b.StreamID].active--
 		n := int64(b.Size)
 		if b.State == arena.Allocated {
-			a.st.Allocation.Add(p.kind, -1)
-			a.st.AllocatedBytes.Add(p.kind, -n)
+			a.st.Allocation.Add(cl.kind, -1)
+			a.st.AllocatedBytes.Add(cl.kind, -n)
 		}
-		a.st.Active.Add(p.kind, -1)
-		a.st.ActiveBytes.Add(p.kind, -n)
-		a.st.RequestedBytes.Add(p.kind, -int64(b.Requested))
+		a.st.Active.Add(cl.kind, -1)
+		a.st.ActiveBytes.Add(cl.kind, -n)
+		a.st.RequestedBytes.Add(cl.kind, -int64(b.Requested))
 	}
 	_ = h.RemoveRegion(sg.rid) // no block is in transition: the lock is held throughout
 	a.segOf[sg.rid] = nil
 	if sg.expandable {
-		p.nexp--
+		cl.nexp--
 	}
-	a.st.ReservedBytes.Add(p.kind, -int64(mapped))
-	a.st.Segment.Add(p.kind, -1)
+	a.st.ReservedBytes.Add(cl.kind, -int64(mapped))
+	a.st.Segment.Add(cl.kind, -1)
 	if !sg.expandable && a.cfg.MaxSplitSize != 0 && sg.size >= a.cfg.MaxSplitSize {
 		a.st.OversizeSegments.Add(-1)
 	}

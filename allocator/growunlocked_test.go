@@ -429,7 +429,7 @@ func TestAwaitGrowthsIgnoresLaterGrowths(t *testing.T) {
 	go func() {
 		a.mu.Lock()
 		defer a.mu.Unlock()
-		_, err := a.awaitGrowths(ss, &a.pools[largeIdx], 1<<20)
+		_, err := a.awaitGrowths(ss, &a.classes[largeIdx], 1<<20)
 		done <- err
 	}()
 	waitInflight(t, a, 1)

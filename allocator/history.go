@@ -108,7 +108,7 @@ func (a *Allocator) RecordHistory(o HistoryOptions) error {
 		info, _ := a.heap.Region(sg.rid)
 		for id := info.Head; id != arena.NoBlock; id = a.heap.Next(id) {
 			if b, _ := a.heap.Block(id); b.State == arena.Allocated {
-				c := h.count(profKey{stream: b.Stream, pool: sg.pool.kind})
+				c := h.count(profKey{stream: b.Stream, pool: sg.class.kind})
 				c.allocs++
 				c.allocBytes += int64(b.Size)
 			}
@@ -249,7 +249,7 @@ func (a *Allocator) histAlloc(id arena.BlockID, size uint64) {
 	if h.liveStack != nil && stack != 0 {
 		h.liveStack[b.Addr] = stack
 	}
-	c := h.count(profKey{stack: stack, stream: b.Stream, pool: a.pools[a.heap.PoolOf(id)].kind})
+	c := h.count(profKey{stack: stack, stream: b.Stream, pool: a.classes[a.heap.PoolOf(id)].kind})
 	c.allocs++
 	c.allocBytes += int64(b.Size)
 	h.record(stats.TraceAlloc, b.Addr, size, b.Stream, stack)
@@ -269,7 +269,7 @@ func (a *Allocator) histFreeRequested(id arena.BlockID) {
 		allocID = h.liveStack[b.Addr]
 		delete(h.liveStack, b.Addr)
 	}
-	c := h.count(profKey{stack: allocID, stream: b.Stream, pool: a.pools[a.heap.PoolOf(id)].kind})
+	c := h.count(profKey{stack: allocID, stream: b.Stream, pool: a.classes[a.heap.PoolOf(id)].kind})
 	c.frees++
 	c.freeBytes += int64(b.Size)
 	h.record(stats.TraceFreeRequested, b.Addr, b.Requested, b.Stream, h.callerStack())

@@ -53,7 +53,7 @@ const (
 	adoptExactDen = 4
 )
 
-// adoptFromStreams finds the lowest run of adjacent free blocks of pool p,
+// adoptFromStreams finds the lowest run of adjacent free blocks of size class cl,
 // each of ss or of a stream whose queued work has completed, that holds at
 // least rounded bytes of whole handles, and gives the fewest of those
 // handles that make rounded bytes, from the run's high end, to ss (near
@@ -61,11 +61,11 @@ const (
 // Free blocks of different streams never coalesce, so memory that changed hands
 // often lies in such runs. It returns the handles as one free block of ss,
 // merged with ss's free neighbours, out of any list; or nil. mu held.
-func (a *Allocator) adoptFromStreams(ss *streamState, p *pool, rounded uint64) arena.BlockID {
+func (a *Allocator) adoptFromStreams(ss *streamState, cl *sizeClass, rounded uint64) arena.BlockID {
 	if len(a.streams) < 2 {
 		return arena.NoBlock
 	}
-	pi := uint8(p.idx)
+	pi := uint8(cl.idx)
 	var avail uint64
 	for _, t := range a.streams {
 		avail += a.heap.FreeBytes(t.sid, pi)
@@ -97,7 +97,7 @@ func (a *Allocator) adoptFromStreams(ss *streamState, p *pool, rounded uint64) a
 		return false
 	}
 	for _, sg := range a.segs {
-		if sg.pool != p || !sg.expandable {
+		if sg.class != cl || !sg.expandable {
 			continue
 		}
 		info, _ := a.heap.Region(sg.rid)
@@ -157,27 +157,27 @@ func (a *Allocator) adoptRange(ss *streamState, sg *seg, start arena.BlockID, lo
 	return got
 }
 
-// reclaimBeforeGrow unmaps other streams' free handles in pool p, for a
+// reclaimBeforeGrow unmaps other streams' free handles in size class cl, for a
 // growth of rounded bytes for ss, until the pool's mapped bytes after the
 // growth would be within the defrag limit (see defragBeforeGrow). mu held.
-func (a *Allocator) reclaimBeforeGrow(ss *streamState, p *pool, rounded uint64) {
-	excess := a.defragExcess(p, rounded)
+func (a *Allocator) reclaimBeforeGrow(ss *streamState, cl *sizeClass, rounded uint64) {
+	excess := a.defragExcess(cl, rounded)
 	if excess == 0 || len(a.streams) < 2 {
 		return
 	}
-	for _, t := range a.reclaimCandidates(ss, p) {
+	for _, t := range a.reclaimCandidates(ss, cl) {
 		total := uint64(a.st.ReservedBytes[0].Current)
-		if excess = a.defragExcess(p, rounded); excess == 0 {
+		if excess = a.defragExcess(cl, rounded); excess == 0 {
 			return
 		}
 		if !a.streamIdle(t) {
 			continue
 		}
-		_ = a.releaseStreamPool(t, p.idx, total-min(excess, total), false)
+		_ = a.releaseStreamPool(t, cl.idx, total-min(excess, total), false)
 	}
 }
 
-// defragExcess is by how many bytes growing pool p by rounded bytes would
+// defragExcess is by how many bytes growing size class cl by rounded bytes would
 // take its mapped bytes above the defrag limit, (1+defrag_threshold) × the
 // pool's high water mark (the most bytes allocated plus the request seen
 // by a growth, this one included) plus one page; 0 when it would not. It
@@ -190,11 +190,11 @@ func (a *Allocator) reclaimBeforeGrow(ss *streamState, p *pool, rounded uint64) 
 // issue 9). Peak reserved is bounded all the same: a growth past the mark
 // that defragmentation cannot keep under the limit is the only way
 // reserved bytes exceed (1+threshold) × peak allocated plus a page.
-func (a *Allocator) defragExcess(p *pool, rounded uint64) uint64 {
-	reserved := uint64(a.st.ReservedBytes[p.kind].Current)
+func (a *Allocator) defragExcess(cl *sizeClass, rounded uint64) uint64 {
+	reserved := uint64(a.st.ReservedBytes[cl.kind].Current)
 	after := reserved + roundUp(rounded, a.gran)
-	p.highWater = max(p.highWater, uint64(a.st.AllocatedBytes[p.kind].Current)+rounded)
-	limit := uint64((1+a.cfg.DefragThreshold)*float64(p.highWater)) + p.pageSize
+	cl.highWater = max(cl.highWater, uint64(a.st.AllocatedBytes[cl.kind].Current)+rounded)
+	limit := uint64((1+a.cfg.DefragThreshold)*float64(cl.highWater)) + cl.pageSize
 	if after <= limit {
 		return 0
 	}
@@ -202,17 +202,17 @@ func (a *Allocator) defragExcess(p *pool, rounded uint64) uint64 {
 }
 
 // reclaimCandidates lists the streams other than ss holding at least one
-// granule of free memory in pool p, most free bytes first (then in stream
+// granule of free memory in size class cl, most free bytes first (then in stream
 // order). mu held.
-func (a *Allocator) reclaimCandidates(ss *streamState, p *pool) []*streamState {
+func (a *Allocator) reclaimCandidates(ss *streamState, cl *sizeClass) []*streamState {
 	var cands []*streamState
 	for _, t := range a.streams {
-		if t != ss && a.heap.FreeBytes(t.sid, uint8(p.idx)) >= a.gran {
+		if t != ss && a.heap.FreeBytes(t.sid, uint8(cl.idx)) >= a.gran {
 			cands = append(cands, t)
 		}
 	}
 	slices.SortFunc(cands, func(x, y *streamState) int {
-		bx, by := a.heap.FreeBytes(x.sid, uint8(p.idx)), a.heap.FreeBytes(y.sid, uint8(p.idx))
+		bx, by := a.heap.FreeBytes(x.sid, uint8(cl.idx)), a.heap.FreeBytes(y.sid, uint8(cl.idx))
 		switch {
 		case bx != by:
 			if bx > by {
@@ -257,20 +257,20 @@ func (a *Allocator) streamIdle(t *streamState) bool {
 	return t.idle
 }
 
-// holdForGrowth lets pool p's handle cache keep, beyond handle_cache_mb,
+// holdForGrowth lets size class cl's handle cache keep, beyond handle_cache_mb,
 // the full-size handles that releases before a growth of rounded bytes
 // unmap, so that the growth maps them again instead of freeing them and
 // creating new ones; the returned function restores the limit and frees
 // what the growth did not use. mu held.
-func (a *Allocator) holdForGrowth(p *pool, rounded uint64) func() {
+func (a *Allocator) holdForGrowth(cl *sizeClass, rounded uint64) func() {
 	// The raise is undone by subtraction, not by restoring the old limit:
 	// growths that drop mu while they map overlap, and each undoes only
 	// its own raise.
-	extra := int(roundUp(rounded, p.pageSize) / p.pageSize)
-	p.cache.SetMax(p.cache.Max() + extra)
+	extra := int(roundUp(rounded, cl.pageSize) / cl.pageSize)
+	cl.cache.SetMax(cl.cache.Max() + extra)
 	return func() {
-		limit := p.cache.Max() - extra
-		p.cache.SetMax(limit)
-		_ = p.cache.Trim(limit) // a failed free keeps the handle cached; a later trim retries
+		limit := cl.cache.Max() - extra
+		cl.cache.SetMax(limit)
+		_ = cl.cache.Trim(limit) // a failed free keeps the handle cached; a later trim retries
 	}
 }

@@ -195,12 +195,12 @@ func (a *Allocator) synchronizeAndFreeEvents() error {
 
 // cachedHandleBytes is the device memory held by the handle caches. mu held.
 func (a *Allocator) cachedHandleBytes() uint64 {
-	return a.pools[0].cache.Bytes() + a.pools[1].cache.Bytes()
+	return a.classes[0].cache.Bytes() + a.classes[1].cache.Bytes()
 }
 
 // trimCaches frees every cached handle. mu held.
 func (a *Allocator) trimCaches() error {
-	return errors.Join(a.pools[0].cache.Trim(0), a.pools[1].cache.Trim(0))
+	return errors.Join(a.classes[0].cache.Trim(0), a.classes[1].cache.Trim(0))
 }
 
 // releaseAll waits for pending events, then unmaps every free handle and
@@ -259,7 +259,7 @@ func (a *Allocator) releaseStream(ss *streamState, target uint64, needSync bool)
 // again when it returns.
 func (a *Allocator) releaseStreamPool(ss *streamState, onlyPool int, target uint64, needSync bool) error {
 	blocks := a.scratch[:0]
-	for i := range a.pools {
+	for i := range a.classes {
 		if onlyPool >= 0 && i != onlyPool {
 			continue
 		}
@@ -432,7 +432,7 @@ func (a *Allocator) commitReleased(ss *streamState, rel arena.BlockID, sg *seg, 
 	}
 	if done > 0 {
 		a.histReserve(false, addr, -int64(done), ss.stream)
-		a.st.ReservedBytes.Add(sg.pool.kind, -int64(done))
+		a.st.ReservedBytes.Add(sg.class.kind, -int64(done))
 		a.maybeDropEmpty(sg)
 	}
 	return err
@@ -462,7 +462,7 @@ func (a *Allocator) releaseBlock(ss *streamState, b arena.BlockID, limit uint64)
 		return nil // merged or released since the walk
 	}
 	sg := a.segOf[info.Region]
-	p := sg.pool
+	cl := sg.class
 	if !sg.expandable {
 		return a.destroyClassic(sg)
 	}
@@ -483,7 +483,7 @@ func (a *Allocator) releaseBlock(ss *streamState, b arena.BlockID, limit uint64)
 		return err
 	}
 	a.histReserve(false, sg.base+uintptr(lo), -int64(done), ss.stream)
-	a.st.ReservedBytes.Add(p.kind, -int64(done))
+	a.st.ReservedBytes.Add(cl.kind, -int64(done))
 	a.maybeDropEmpty(sg)
 	return err
 }
@@ -501,7 +501,7 @@ func (a *Allocator) destroyClassic(sg *seg) error {
 	}
 	if sg.s.MappedBytes() == 0 {
 		a.dropSeg(sg, mapped)
-		a.addZombie(sg.s, sg.pool.kind)
+		a.addZombie(sg.s, sg.class.kind)
 	}
 	return err
 }
