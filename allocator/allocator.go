@@ -43,7 +43,6 @@ type Allocator struct {
 	uses     map[arena.BlockID][]backend.Stream // other streams recorded on allocated blocks (RecordStream); mu
 	freeing  map[arena.BlockID]bool             // allocated blocks whose Free waits without mu (insertEvents); mu
 	streams  map[backend.Stream]*streamState    // validated streams in use; mu
-	idle     *streamState                       // owner of memory of released streams (see streams.go); mu
 	vanished map[backend.Stream]*streamState    // streams destroyed behind the allocator's back; mu
 	ghosts   uint64                             // ghost ids given to vanished streams whose id was reused; mu
 	busy     []*streamState                     // streams with queued events, any order; mu
@@ -57,7 +56,7 @@ type Allocator struct {
 	segs      []*seg            // every segment, ascending base; mu
 	pending   int               // blocks in PendingFree; mu
 	events    []backend.Event   // idle events for reuse; mu
-	st        stats.HotCounters // mu; Allocated/Freed of the hot arrays through Settled
+	st        stats.HotCounters // the aggregate of every pool; mu; Allocated/Freed of the hot arrays through Settled
 	counters  segment.Counters  // driver-call figures shared by segments; mu
 	scratch   []arena.BlockID   // reusable slice for release walks; mu
 	hist      *history          // memory history (history.go); nil when off; mu
@@ -74,6 +73,19 @@ type Allocator struct {
 	growSeq      uint64
 	mappingBytes uint64
 	grown        sync.Cond
+
+	// def is the default pool: the allocator's own cache (pool.go).
+	def Pool
+	// pools are the live pools by Pool.slot: [0] is &def, nil marks a
+	// closed private pool's slot for reuse. mu.
+	pools []*Pool
+	// pooled: a private pool has been made, so every pool counts its
+	// own statistics besides the aggregate (pool.go). Never cleared. mu.
+	pooled      bool
+	poolSeq     uint64                // the last n of the PoolIDs (0, n) assigned; mu
+	statsBuf    [2]*stats.HotCounters // statsOf's result: &st, then the pool's; mu
+	splitHooked bool                  // the heap's split hook counts classic inactive_split; mu
+	poolsClosed int                   // private pools closed, ever; mu
 }
 
 // streamState is the per-stream part of the allocator. The allocator's
@@ -97,6 +109,19 @@ type streamState struct {
 	// block has been freed to it since, so every block in its free lists
 	// may go to another stream (reclaim.go). Cleared by freeBlock.
 	idle bool
+	// idleOwner: this is a pool's idle owner (Pool.idle), which owns the
+	// memory of released streams. Fixed.
+	idleOwner bool
+	// pool is the pool whose blocks this state owns. Fixed.
+	pool *Pool
+	// primary is the stream's state in the default pool, which holds its
+	// events and lifecycle (queue, busyIdx, retired, releasing); itself
+	// there. A private pool's state uses only its own sid, active, frees
+	// and idle. Fixed.
+	primary *streamState
+	// owners are, on a primary state, the stream's states in private
+	// pools by Pool.slot (nil where a pool has none).
+	owners []*streamState
 }
 
 // pendingEvent is an event recorded on a stream that a PendingFree block
@@ -117,13 +142,9 @@ type sizeClass struct {
 	// expandable_handle_mb rounded up to the granule, for growths of at
 	// least that many bytes (mapGrowth). Fixed at New.
 	handleSize uint64
-	// highWater is the most bytes allocated in the pool, plus the request
-	// being grown for, seen by a growth so far; the defrag limit is
-	// relative to it (reclaim.go). mu.
-	highWater uint64
-	vaSize    uint64               // bytes of VA per expandable segment
-	cache     *segment.HandleCache // unmapped full-size handles
-	nexp      int                  // expandable segments in this pool
+	vaSize     uint64               // bytes of VA per expandable segment
+	cache      *segment.HandleCache // unmapped full-size handles
+	nexp       int                  // expandable segments in this pool
 }
 
 // seg is one segment and its blocks.
@@ -134,6 +155,26 @@ type seg struct {
 	size       uint64         // nbytes reserved
 	class      *sizeClass
 	expandable bool
+	// pool is the pool a classic segment was made for; nil for an
+	// expandable one, whose reservation every pool shares. Fixed.
+	pool *Pool
+}
+
+// segPool is the pool whose record counts segment sg: a classic
+// segment's own, the default pool for a shared expandable reservation.
+func (a *Allocator) segPool(sg *seg) *Pool {
+	if sg.pool != nil {
+		return sg.pool
+	}
+	return &a.def
+}
+
+// addReserved moves pool p's reserved bytes of size class kind by d, and
+// the aggregate's. mu held.
+func (a *Allocator) addReserved(p *Pool, kind stats.PoolKind, d int64) {
+	for _, st := range a.statsOf(p) {
+		st.ReservedBytes.Add(kind, d)
+	}
 }
 
 const (
@@ -195,18 +236,15 @@ func New(drv backend.Driver, cfg Config) (*Allocator, error) {
 	for _, d := range cfg.RoundupPower2Divisions {
 		a.plainRound = a.plainRound && d <= 1
 	}
-	if a.idle, err = a.newStreamState(idleStream); err != nil {
+	a.statsBuf[0] = &a.st
+	a.def = Pool{a: a, name: "default", expandable: cfg.ExpandableSegments, limit: math.MaxUint64}
+	a.pools = []*Pool{&a.def}
+	if a.def.idle, err = a.newStreamState(idleStream); err != nil {
 		return nil, err
 	}
+	a.def.idle.pool, a.def.idle.primary, a.def.idle.idleOwner = &a.def, a.def.idle, true
 	if !cfg.ExpandableSegments {
-		// inactive_split: free blocks split off a larger classic segment
-		// (expandable free handles can always be released, so PyTorch
-		// leaves them out).
-		heap.SetSplitHook(func(pool uint8, blocks, bytes int64) {
-			kind := a.classes[pool].kind
-			a.st.InactiveSplit.Add(kind, blocks)
-			a.st.InactiveSplitBytes.Add(kind, bytes)
-		})
+		a.setSplitHook()
 	}
 	if cfg.PerProcessMemoryFraction < 1 {
 		a.allowed = uint64(cfg.PerProcessMemoryFraction * float64(total))
@@ -236,7 +274,7 @@ func New(drv backend.Driver, cfg Config) (*Allocator, error) {
 		return nil, err
 	}
 	a.defaultS = s
-	ss, err := a.newStreamState(s)
+	ss, err := a.newState(s)
 	if err != nil {
 		return nil, errors.Join(err, drv.StreamDestroy(s))
 	}
@@ -432,22 +470,22 @@ func (a *Allocator) Malloc(size uint64, stream backend.Stream) (uintptr, error) 
 			rounded = a.roundSize(size)
 		}
 		cl := a.classFor(rounded)
-		maxSize, minSplit := a.fitLimits(cl, rounded)
+		maxSize, minSplit := a.fitLimits(a.def.expandable, cl, rounded)
 		if b, addr, bsize := a.heap.AllocFit(ss.sid, uint8(cl.idx), rounded, size, maxSize, minSplit); b != arena.NoBlock {
 			a.countAlloc(ss, cl, bsize, size)
 			a.mu.Unlock()
 			return addr, nil
 		}
 	}
-	return a.mallocSlow(size, stream)
+	return a.mallocSlow(&a.def, size, stream)
 }
 
-// mallocSlow is Malloc's general path: validation, events, growth, the
-// OOM ladder and history. mu held; it unlocks.
-func (a *Allocator) mallocSlow(size uint64, stream backend.Stream) (uintptr, error) {
+// mallocSlow is Malloc's general path in pool p: validation, events,
+// growth, the OOM ladder and history. mu held; it unlocks.
+func (a *Allocator) mallocSlow(p *Pool, size uint64, stream backend.Stream) (uintptr, error) {
 	defer a.mu.Unlock()
-	if a.closed {
-		return 0, ErrClosed
+	if err := p.live(); err != nil {
+		return 0, err
 	}
 	if size == 0 {
 		return 0, fmt.Errorf("%w: zero bytes", ErrInvalidSize)
@@ -459,7 +497,11 @@ func (a *Allocator) mallocSlow(size uint64, stream backend.Stream) (uintptr, err
 	if rounded < size || rounded > a.maxBlock { // wrapped past 2^64, or beyond any segment
 		return 0, fmt.Errorf("%w: %d bytes rounds up to more than the largest block one segment holds (%d bytes)", ErrInvalidSize, size, a.maxBlock)
 	}
-	ss, err := a.stream(stream)
+	ps, err := a.stream(stream)
+	if err != nil {
+		return 0, err
+	}
+	ss, err := a.owner(p, ps)
 	if err != nil {
 		return 0, err
 	}
@@ -496,7 +538,7 @@ func (a *Allocator) bestFit(ss *streamState, cl *sizeClass, rounded uint64) (are
 	if b == arena.NoBlock {
 		return b, addr, size
 	}
-	if maxSize, _ := a.fitLimits(cl, rounded); size > maxSize {
+	if maxSize, _ := a.fitLimits(ss.pool.expandable, cl, rounded); size > maxSize {
 		return arena.NoBlock, 0, 0
 	}
 	return b, addr, size
@@ -507,8 +549,8 @@ func (a *Allocator) bestFit(ss *streamState, cl *sizeClass, rounded uint64) (are
 // and when it is split: the largest such block, and the smallest remainder
 // split off. AllocFit takes them as bounds; bestFit and shouldSplit apply
 // them on the general path.
-func (a *Allocator) fitLimits(cl *sizeClass, rounded uint64) (maxSize, minSplit uint64) {
-	if a.cfg.ExpandableSegments {
+func (a *Allocator) fitLimits(expandable bool, cl *sizeClass, rounded uint64) (maxSize, minSplit uint64) {
+	if expandable {
 		return math.MaxUint64, minBlockSize
 	}
 	maxSize = math.MaxUint64
@@ -534,8 +576,8 @@ func (a *Allocator) fitLimits(cl *sizeClass, rounded uint64) (maxSize, minSplit 
 
 // shouldSplit reports whether a free block of size bytes serving rounded
 // bytes in cl is split (fitLimits' minimum remainder).
-func (a *Allocator) shouldSplit(cl *sizeClass, size, rounded uint64) bool {
-	_, minSplit := a.fitLimits(cl, rounded)
+func (a *Allocator) shouldSplit(expandable bool, cl *sizeClass, size, rounded uint64) bool {
+	_, minSplit := a.fitLimits(expandable, cl, rounded)
 	return size-rounded >= minSplit
 }
 
@@ -544,13 +586,13 @@ func (a *Allocator) shouldSplit(cl *sizeClass, size, rounded uint64) bool {
 // always be released, so PyTorch leaves them out). The heap's split hook
 // keeps the statistic; Check recounts it with this.
 func (a *Allocator) inactiveSplit(b arena.BlockInfo) bool {
-	return b.State == arena.Free && b.IsSplit() && !a.cfg.ExpandableSegments
+	return b.State == arena.Free && b.IsSplit() && !a.states[b.StreamID].pool.expandable
 }
 
 // allocFound hands out free block b of ss, of bsize bytes, for a request,
 // splitting off the rest. mu held.
 func (a *Allocator) allocFound(ss *streamState, cl *sizeClass, b arena.BlockID, bsize, rounded, size uint64) error {
-	if a.shouldSplit(cl, bsize, rounded) {
+	if a.shouldSplit(ss.pool.expandable, cl, bsize, rounded) {
 		bsize = rounded
 	}
 	if err := a.heap.Alloc(b, bsize, size); err != nil {
@@ -565,8 +607,13 @@ func (a *Allocator) allocFound(ss *streamState, cl *sizeClass, b arena.BlockID, 
 func (a *Allocator) countAlloc(ss *streamState, cl *sizeClass, bsize, size uint64) {
 	ss.active++
 	a.st.CountMalloc(cl.kind, int64(bsize), int64(size))
+	if a.pooled {
+		ss.pool.st.CountMalloc(cl.kind, int64(bsize), int64(size))
+	}
 	if a.cfg.MaxSplitSize != 0 && bsize >= a.cfg.MaxSplitSize {
-		a.st.OversizeAllocations.Add(1)
+		for _, st := range a.statsOf(ss.pool) {
+			st.OversizeAllocations.Add(1)
+		}
 	}
 }
 
@@ -580,7 +627,7 @@ func (a *Allocator) Free(ptr uintptr) error {
 	if len(a.uses) == 0 && a.hist == nil && !a.closed {
 		if pk, ok := a.heap.FreeAt(ptr); ok {
 			ss := a.countFree(pk)
-			if ss == a.idle {
+			if ss.idleOwner {
 				return a.releaseIdleUnlock()
 			}
 			a.mu.Unlock()
@@ -594,7 +641,7 @@ func (a *Allocator) Free(ptr uintptr) error {
 // freeBlockPeek). mu held; it unlocks.
 func (a *Allocator) releaseIdleUnlock() error {
 	defer a.mu.Unlock()
-	_ = a.releaseIdle()
+	_ = a.releaseIdles()
 	return nil
 }
 
@@ -605,9 +652,15 @@ func (a *Allocator) countFree(pk arena.Freed) *streamState {
 	if ss == nil || ss.sid != pk.Stream {
 		ss = a.states[pk.Stream]
 	}
-	a.st.CountFree(a.classes[pk.Pool].kind, int64(pk.Size), int64(pk.Requested))
+	kind := a.classes[pk.Pool].kind
+	a.st.CountFree(kind, int64(pk.Size), int64(pk.Requested))
+	if a.pooled {
+		ss.pool.st.CountFree(kind, int64(pk.Size), int64(pk.Requested))
+	}
 	if a.cfg.MaxSplitSize != 0 && pk.Size >= a.cfg.MaxSplitSize {
-		a.st.OversizeAllocations.Add(-1)
+		for _, st := range a.statsOf(ss.pool) {
+			st.OversizeAllocations.Add(-1)
+		}
 	}
 	ss.idle = false
 	ss.active--
@@ -641,12 +694,15 @@ func (a *Allocator) freeSlow(ptr uintptr) error {
 		a.histFreeRequested(b)
 	}
 	pk, _ := a.heap.Peek(b)
-	a.states[pk.Stream].frees++
+	owner := a.states[pk.Stream]
+	owner.frees++
 	cl := &a.classes[pk.Pool]
-	a.st.Allocation.Dec(cl.kind, 1)
-	a.st.AllocatedBytes.Dec(cl.kind, int64(pk.Size))
-	if a.cfg.MaxSplitSize != 0 && pk.Size >= a.cfg.MaxSplitSize {
-		a.st.OversizeAllocations.Add(-1)
+	for _, st := range a.statsOf(owner.pool) {
+		st.Allocation.Dec(cl.kind, 1)
+		st.AllocatedBytes.Dec(cl.kind, int64(pk.Size))
+		if a.cfg.MaxSplitSize != 0 && pk.Size >= a.cfg.MaxSplitSize {
+			st.OversizeAllocations.Add(-1)
+		}
 	}
 	if pk.Events > 0 {
 		if err := a.heap.MarkPending(b); err != nil {
@@ -722,11 +778,13 @@ func (a *Allocator) freeBlockPeek(b arena.BlockID, info arena.Peek) error {
 	}
 	ss.idle = false
 	ss.active--
-	a.st.Active.Dec(cl.kind, 1)
-	a.st.ActiveBytes.Dec(cl.kind, int64(info.Size))
-	a.st.RequestedBytes.Dec(cl.kind, int64(info.Requested))
-	if ss == a.idle {
-		_ = a.releaseIdle()
+	for _, st := range a.statsOf(ss.pool) {
+		st.Active.Dec(cl.kind, 1)
+		st.ActiveBytes.Dec(cl.kind, int64(info.Size))
+		st.RequestedBytes.Dec(cl.kind, int64(info.Requested))
+	}
+	if ss.idleOwner {
+		_ = a.releaseIdle(ss)
 	}
 	return nil
 }
@@ -754,8 +812,8 @@ func (a *Allocator) RecordStream(ptr uintptr, s backend.Stream) error {
 	if err != nil {
 		return err
 	}
-	if ss.sid == a.heap.StreamOf(b) {
-		return nil
+	if owner := a.states[a.heap.StreamOf(b)]; owner.primary == ss {
+		return nil // the block's own stream
 	}
 	uses := a.uses[b]
 	for _, u := range uses {
@@ -786,11 +844,17 @@ func (a *Allocator) statsLocked() stats.DeviceStats {
 	return s
 }
 
-// ResetPeakStats sets every peak to its current value.
+// ResetPeakStats sets every peak to its current value, the aggregate's
+// and every pool's.
 func (a *Allocator) ResetPeakStats() {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	a.st.ResetPeak()
+	for _, p := range a.pools {
+		if p != nil {
+			p.st.ResetPeak()
+		}
+	}
 }
 
 // ResetAccumulatedStats zeroes the accumulated counters.
@@ -798,6 +862,11 @@ func (a *Allocator) ResetAccumulatedStats() {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	a.st.ResetAccumulated()
+	for _, p := range a.pools {
+		if p != nil {
+			p.st.ResetAccumulated()
+		}
+	}
 	a.counters = segment.Counters{}
 }
 
@@ -877,7 +946,7 @@ func (a *Allocator) Close() error {
 		a.dropSeg(sg, mapped)
 		if err != nil { // keep what is left for a later Close to retry
 			errs = append(errs, err)
-			a.addZombie(sg.s, sg.class.kind)
+			a.addZombie(sg.s, sg.class.kind, a.segPool(sg))
 		}
 	}
 	if err := a.destroyZombies(); err != nil {

@@ -58,7 +58,8 @@ func (a *Allocator) check() error {
 		return fmt.Errorf("%w: %w", ErrCorrupt, err)
 	}
 	h := a.heap
-	var want stats.DeviceStats
+	rc := recount{pools: map[*Pool]*stats.DeviceStats{}}
+	want := &rc.all
 	nLive, nEvents, nRegions := 0, 0, 0
 	active := map[*streamState]int{}
 	h.Regions(func(arena.RegionID) bool { nRegions++; return true })
@@ -77,11 +78,13 @@ func (a *Allocator) check() error {
 		if r.Base != sg.s.Base() || r.Size != sg.s.Size() || r.Base != sg.base || r.Size != sg.size || int(r.Pool) != cl.idx {
 			return corrupt("region %#x+%d (pool %d) differs from its segment %#x+%d", r.Base, r.Size, r.Pool, sg.s.Base(), sg.s.Size())
 		}
-		want.Segment.Add(cl.kind, 1)
-		want.ReservedBytes.Add(cl.kind, int64(sg.s.MappedBytes()))
-		if !sg.expandable && a.cfg.MaxSplitSize != 0 && r.Size >= a.cfg.MaxSplitSize {
-			want.OversizeSegments.Add(1)
+		for _, w := range rc.of(a.segPool(sg)) {
+			w.Segment.Add(cl.kind, 1)
+			if !sg.expandable && a.cfg.MaxSplitSize != 0 && r.Size >= a.cfg.MaxSplitSize {
+				w.OversizeSegments.Add(1)
+			}
 		}
+
 		gran := sg.s.Granule()
 		var mapped []segment.Run // mapped runs implied by the blocks
 		var runStart uint64      // offset where the current run of mapped blocks began
@@ -108,46 +111,54 @@ func (a *Allocator) check() error {
 				runStart = off + b.Size
 				unmappedBytes += b.Size
 			} else {
-				if prev != nil && prev.State != arena.Unmapped && prev.Stream != b.Stream {
+				if prev != nil && prev.State != arena.Unmapped && prev.StreamID != b.StreamID {
+					// Owners are per stream and pool: this also says no
+					// mapped handle is shared by two pools.
 					if start, _, ok := sg.s.HandleRange(off); !ok || start != off {
-						return corrupt("a physical handle holds blocks of streams %d and %d (at %#x)", prev.Stream, b.Stream, b.Addr)
+						return corrupt("a physical handle holds blocks of owners %d and %d (streams %d and %d, pools %q and %q, at %#x)",
+							prev.StreamID, b.StreamID, prev.Stream, b.Stream, a.states[prev.StreamID].pool.name, a.states[b.StreamID].pool.name, b.Addr)
 					}
 				}
 				if b.StreamID <= 0 || int(b.StreamID) >= len(a.states) || a.states[b.StreamID] == nil || a.states[b.StreamID].stream != b.Stream {
 					return corrupt("block %#x on unknown stream %d", b.Addr, b.Stream)
 				}
-				if a.stateOf(b.Stream) != a.states[b.StreamID] && a.states[b.StreamID] != a.idle {
+				if o := a.states[b.StreamID]; a.stateOf(b.Stream) != o.primary && !o.idleOwner {
 					if _, gone := a.vanished[b.Stream]; !gone {
 						return corrupt("block %#x: stream %d's owner is not the state in use", b.Addr, b.Stream)
 					}
 				}
 			}
 			n := int64(b.Size)
+			var bp *Pool // the block's pool
+			if b.State != arena.Unmapped {
+				bp = a.states[b.StreamID].pool
+				rc.add(bp, func(w *stats.DeviceStats) { w.ReservedBytes.Add(cl.kind, n) })
+			}
 			switch b.State {
 			case arena.Free:
 				if b.Events != 0 || len(a.uses[id]) != 0 || b.Requested != 0 {
 					return corrupt("free block %#x has events, uses or a requested size", b.Addr)
 				}
 				if a.inactiveSplit(b) {
-					want.InactiveSplit.Add(cl.kind, 1)
-					want.InactiveSplitBytes.Add(cl.kind, n)
+					rc.add(bp, func(w *stats.DeviceStats) { w.InactiveSplit.Add(cl.kind, 1) })
+					rc.add(bp, func(w *stats.DeviceStats) { w.InactiveSplitBytes.Add(cl.kind, n) })
 				}
 			case arena.Releasing, arena.Mapping:
 				return corrupt("block %#x is %s with the lock held", b.Addr, b.State)
 			case arena.Allocated, arena.PendingFree:
 				active[a.states[b.StreamID]]++
-				want.Active.Add(cl.kind, 1)
-				want.ActiveBytes.Add(cl.kind, n)
-				want.RequestedBytes.Add(cl.kind, int64(b.Requested))
+				rc.add(bp, func(w *stats.DeviceStats) { w.Active.Add(cl.kind, 1) })
+				rc.add(bp, func(w *stats.DeviceStats) { w.ActiveBytes.Add(cl.kind, n) })
+				rc.add(bp, func(w *stats.DeviceStats) { w.RequestedBytes.Add(cl.kind, int64(b.Requested)) })
 				if b.Requested == 0 || b.Requested > b.Size {
 					return corrupt("block %#x: requested %d of %d bytes", b.Addr, b.Requested, b.Size)
 				}
 				if b.State == arena.Allocated {
 					nLive++
-					want.Allocation.Add(cl.kind, 1)
-					want.AllocatedBytes.Add(cl.kind, n)
+					rc.add(bp, func(w *stats.DeviceStats) { w.Allocation.Add(cl.kind, 1) })
+					rc.add(bp, func(w *stats.DeviceStats) { w.AllocatedBytes.Add(cl.kind, n) })
 					if a.cfg.MaxSplitSize != 0 && b.Size >= a.cfg.MaxSplitSize {
-						want.OversizeAllocations.Add(1)
+						rc.add(bp, func(w *stats.DeviceStats) { w.OversizeAllocations.Add(1) })
 					}
 				} else {
 					if b.Events <= 0 {
@@ -185,7 +196,9 @@ func (a *Allocator) check() error {
 		if z.counted != z.s.MappedBytes() {
 			return corrupt("zombie segment %#x maps %d bytes, %d counted", z.s.Base(), z.s.MappedBytes(), z.counted)
 		}
-		want.ReservedBytes.Add(z.kind, int64(z.counted))
+		for _, w := range rc.of(z.pool) {
+			w.ReservedBytes.Add(z.kind, int64(z.counted))
+		}
 	}
 	if nLive != h.Allocated() {
 		return corrupt("the heap's address table holds %d blocks, segments %d allocated", h.Allocated(), nLive)
@@ -256,8 +269,13 @@ func (a *Allocator) check() error {
 			return corrupt("a spare stream state is not empty")
 		}
 	}
-	if ds := a.idle; ds.stream != idleStream || len(ds.queue) != 0 {
-		return corrupt("the idle owner has stream %d and %d queued events", ds.stream, len(ds.queue))
+	for _, p := range a.pools {
+		if p == nil {
+			continue
+		}
+		if ds := p.idle; ds.stream != idleStream || len(ds.queue) != 0 || !ds.idleOwner || ds.pool != p {
+			return corrupt("the idle owner of pool %q has stream %d and %d queued events", p.name, ds.stream, len(ds.queue))
+		}
 	}
 	for _, b := range a.stranded {
 		if h.State(b) != arena.PendingFree {
@@ -279,7 +297,113 @@ func (a *Allocator) check() error {
 	if pendingBlocks != a.pending {
 		return corrupt("pending counter %d, blocks %d", a.pending, pendingBlocks)
 	}
-	return compareStats(&want, &a.st.DeviceStats)
+	if err := compareStats(want, &a.st.DeviceStats); err != nil {
+		return err
+	}
+	return a.checkPools(&rc)
+}
+
+// recount is Check's recount of the statistics: the aggregate and, once
+// private pools exist, each pool's.
+type recount struct {
+	all   stats.DeviceStats
+	pools map[*Pool]*stats.DeviceStats
+}
+
+// add applies f to the aggregate and to pool p's recount.
+func (rc *recount) add(p *Pool, f func(*stats.DeviceStats)) {
+	f(&rc.all)
+	w := rc.pools[p]
+	if w == nil {
+		w = new(stats.DeviceStats)
+		rc.pools[p] = w
+	}
+	f(w)
+}
+
+func (rc *recount) of(p *Pool) []*stats.DeviceStats {
+	w := rc.pools[p]
+	if w == nil {
+		w = new(stats.DeviceStats)
+		rc.pools[p] = w
+	}
+	return []*stats.DeviceStats{&rc.all, w}
+}
+
+// checkPools verifies the per-pool invariants: every pool's statistics
+// equal its recount (so they add up to the aggregate, which equals its
+// own), every owner of a pool is the pool's, and the pool list is
+// consistent. mu held.
+func (a *Allocator) checkPools(rc *recount) error {
+	if len(a.pools) == 0 || a.pools[0] != &a.def {
+		return corrupt("the default pool is not the first pool")
+	}
+	var ownerErr error
+	for _, ps := range a.streams {
+		if ps.pool != &a.def || ps.primary != ps {
+			return corrupt("stream %d: its primary state is not the default pool's", ps.stream)
+		}
+		for slot, o := range ps.owners {
+			if o == nil {
+				continue
+			}
+			if slot == 0 || slot >= len(a.pools) || a.pools[slot] != o.pool || o.pool.slot != slot || o.primary != ps || o.stream != ps.stream || len(o.queue) != 0 {
+				ownerErr = corrupt("stream %d: its owner in slot %d is not pool %d's", ps.stream, slot, slot)
+			}
+		}
+	}
+	if ownerErr != nil {
+		return ownerErr
+	}
+	if !a.pooled {
+		return nil
+	}
+	var sum stats.DeviceStats
+	for _, p := range a.pools {
+		if p == nil {
+			continue
+		}
+		if p.closed || p.a != a {
+			return corrupt("pool %q in slot %d is closed or another allocator's", p.name, p.slot)
+		}
+		want := rc.pools[p]
+		if want == nil {
+			want = new(stats.DeviceStats)
+		}
+		if err := compareStats(want, &p.st.DeviceStats); err != nil {
+			return fmt.Errorf("pool %q: %w", p.name, err)
+		}
+		got := p.st.Settled()
+		for _, pr := range [][2]*stats.StatArray{{&sum.AllocatedBytes, &got.AllocatedBytes}, {&sum.ReservedBytes, &got.ReservedBytes}, {&sum.Allocation, &got.Allocation}, {&sum.ActiveBytes, &got.ActiveBytes}} {
+			for k := range pr[0] {
+				pr[0][k].Current += pr[1][k].Current
+				pr[0][k].Allocated += pr[1][k].Allocated
+				pr[0][k].Freed += pr[1][k].Freed
+			}
+		}
+	}
+	for p := range rc.pools {
+		if p != nil && p.closed {
+			if w := rc.pools[p]; w.ReservedBytes[stats.AllPools].Current != 0 || w.Active[stats.AllPools].Current != 0 {
+				return corrupt("closed pool %q still holds memory", p.name)
+			}
+		}
+	}
+	all := a.st.Settled()
+	for _, pr := range []struct {
+		name string
+		s, a *stats.StatArray
+	}{{"allocated_bytes", &sum.AllocatedBytes, &all.AllocatedBytes}, {"reserved_bytes", &sum.ReservedBytes, &all.ReservedBytes}, {"allocation", &sum.Allocation, &all.Allocation}, {"active_bytes", &sum.ActiveBytes, &all.ActiveBytes}} {
+		for k := range pr.s {
+			// A closed pool takes its accumulated counts with it; current
+			// values always add up.
+			accDiffer := a.poolsClosed == 0 && (pr.s[k].Allocated != pr.a[k].Allocated || pr.s[k].Freed != pr.a[k].Freed)
+			if pr.s[k].Current != pr.a[k].Current || accDiffer {
+				return corrupt("%s.%s: the pools add up to %+v, the allocator has %+v", pr.name, stats.PoolKind(k), pr.s[k], pr.a[k])
+			}
+		}
+	}
+	return nil
 }
 
 func compareStats(want, got *stats.DeviceStats) error {

@@ -36,9 +36,21 @@ type OutOfMemoryError struct {
 	Stranded    uint64 // of Reserved, bytes held for streams destroyed without ReleaseStream (see ReleaseStream)
 	Cause       error  // the driver error or address-space exhaustion, if any
 	AddrSpaceVA bool   // true when the address-space budget, not memory, ran out
+	// Pool, PoolName and PoolLimit are set when the pool's own memory
+	// limit (PoolOptions.MemoryLimit), not the device, stopped the
+	// Malloc; Allocated and Reserved are then the pool's.
+	Pool      PoolID
+	PoolName  string
+	PoolLimit uint64 // nbytes; 0 when the device's memory ran out
 }
 
 func (e *OutOfMemoryError) Error() string {
+	if e.PoolLimit != 0 {
+		return fmt.Sprintf("vmmalloc: out of memory: tried to allocate %s in pool %q, whose memory limit of %s is reached (the device has %s free). "+
+			"Of the pool's memory %s is allocated and %s is reserved but unallocated.",
+			humanize.IBytes(e.Tried), e.PoolName, humanize.IBytes(e.PoolLimit), humanize.IBytes(e.Free),
+			humanize.IBytes(e.Allocated), humanize.IBytes(e.Reserved-e.Allocated))
+	}
 	s := fmt.Sprintf("vmmalloc: out of memory: tried to allocate %s. Device %d has a total capacity of %s of which %s is free. ",
 		humanize.IBytes(e.Tried), e.Device, humanize.IBytes(e.Total), humanize.IBytes(e.Free))
 	if e.Allowed != 0 {

@@ -33,7 +33,7 @@ func TestFitLimitsMatchBestFitRules(t *testing.T) {
 			checked := 0
 			for _, rounded := range sizes {
 				p := a.classFor(rounded)
-				maxSize, minSplit := a.fitLimits(p, rounded)
+				maxSize, minSplit := a.fitLimits(a.def.expandable, p, rounded)
 				require.NotZero(t, minSplit)
 				for _, bsize := range sizes {
 					if bsize < rounded {
@@ -50,7 +50,7 @@ func TestFitLimitsMatchBestFitRules(t *testing.T) {
 						split = (mss == 0 || rounded < mss) && rem > smallSize
 					}
 					assert.Equal(t, split, rem >= minSplit, "split: "+what)
-					assert.Equal(t, split, a.shouldSplit(p, bsize, rounded), "shouldSplit: "+what)
+					assert.Equal(t, split, a.shouldSplit(a.def.expandable, p, bsize, rounded), "shouldSplit: "+what)
 					checked++
 				}
 			}

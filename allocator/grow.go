@@ -3,6 +3,7 @@ package allocator
 import (
 	"errors"
 	"fmt"
+	"math"
 	"math/bits"
 	"sort"
 
@@ -17,9 +18,52 @@ func bitsLen(x uint64) int { return bits.Len64(x) }
 // errNoVA reports that no reservation has room and the VA budget is spent.
 var errNoVA = errors.New("address-space budget exhausted")
 
+// errPoolLimit reports that a growth would take its pool past the pool's
+// memory limit (PoolOptions.MemoryLimit).
+var errPoolLimit = errors.New("pool memory limit reached")
+
 // isOOM reports whether err means "no memory" (retryable by freeing cache).
 func isOOM(err error) bool {
-	return errors.Is(err, backend.ErrOutOfMemory) || errors.Is(err, errNoVA)
+	return errors.Is(err, backend.ErrOutOfMemory) || errors.Is(err, errNoVA) || errors.Is(err, errPoolLimit)
+}
+
+// overPoolLimit reports whether mapping n more bytes for pool p would take
+// it past its memory limit. mu held.
+func (a *Allocator) overPoolLimit(p *Pool, n uint64) bool {
+	if p.limit == math.MaxUint64 {
+		return false
+	}
+	return uint64(a.poolRec(p).ReservedBytes[0].Current)+p.mapping+n > p.limit
+}
+
+// poolRec is the record of pool p's statistics: the aggregate until a
+// private pool exists (pool.go). mu held.
+func (a *Allocator) poolRec(p *Pool) *stats.HotCounters {
+	if !a.pooled {
+		return &a.st
+	}
+	return &p.st
+}
+
+// limitOOM is the error of a Malloc that pool p's limit stops. mu held.
+func (a *Allocator) limitOOM(p *Pool, cl *sizeClass, rounded, size uint64) error {
+	for _, st := range a.statsOf(p) {
+		st.NumOOMs++
+	}
+	free, _, _ := a.drv.MemGetInfo(a.dev)
+	rec := a.poolRec(p)
+	return &OutOfMemoryError{
+		Device:    a.dev,
+		Requested: size,
+		Tried:     a.growSize(p, cl, rounded),
+		Total:     a.total,
+		Free:      free,
+		Allocated: uint64(rec.AllocatedBytes[0].Current),
+		Reserved:  uint64(rec.ReservedBytes[0].Current),
+		Pool:      p.id,
+		PoolName:  p.name,
+		PoolLimit: p.limit,
+	}
 }
 
 // allocSlow runs when no free block fits: it grows the pool, and on
@@ -42,6 +86,26 @@ func (a *Allocator) allocSlow(ss *streamState, cl *sizeClass, rounded, size uint
 	if err == nil || !isOOM(err) {
 		return b, err
 	}
+	if errors.Is(err, errPoolLimit) {
+		// The pool's own limit: only its own free memory can help, and
+		// other pools' is theirs.
+		for _, st := range a.statsOf(ss.pool) {
+			st.NumAllocRetries++
+		}
+		_ = a.releasePool(ss.pool)
+		if !a.owns(ss) {
+			return arena.NoBlock, fmt.Errorf("%w: stream %d was released while a Malloc on it waited", ErrInvalidStream, ss.stream)
+		}
+		if b, _, _ = a.bestFit(ss, cl, rounded); b != arena.NoBlock {
+			return b, nil
+		}
+		if b, err = a.grow(ss, cl, rounded); err == nil || !errors.Is(err, errPoolLimit) && !isOOM(err) {
+			return b, err
+		}
+		if errors.Is(err, errPoolLimit) {
+			return arena.NoBlock, a.limitOOM(ss.pool, cl, rounded, size)
+		}
+	}
 	// Rung 1: cached physical handles hold device memory without being mapped.
 	if a.cachedHandleBytes() > 0 {
 		if terr := a.trimCaches(); terr == nil {
@@ -53,13 +117,18 @@ func (a *Allocator) allocSlow(ss *streamState, cl *sizeClass, rounded, size uint
 	// Rung 2: wait for every pending event, release every free handle and
 	// segment (what can be: a failure on one stream does not stop the
 	// others), then retry whatever the release reported.
-	a.st.NumAllocRetries++
+	for _, st := range a.statsOf(ss.pool) {
+		st.NumAllocRetries++
+	}
 	rerr := a.releaseAll()
 	if b, _, _ = a.bestFit(ss, cl, rounded); b != arena.NoBlock {
 		return b, nil
 	}
 	if b, err = a.grow(ss, cl, rounded); err == nil || !isOOM(err) {
 		return b, err
+	}
+	if errors.Is(err, errPoolLimit) {
+		return arena.NoBlock, a.limitOOM(ss.pool, cl, rounded, size)
 	}
 	// Memory a growth in flight holds may come back (its map fails) or
 	// leave room; out of memory is declared only with none in flight.
@@ -72,12 +141,17 @@ func (a *Allocator) allocSlow(ss *streamState, cl *sizeClass, rounded, size uint
 			return b, err
 		}
 	}
-	a.st.NumOOMs++
+	if errors.Is(err, errPoolLimit) {
+		return arena.NoBlock, a.limitOOM(ss.pool, cl, rounded, size)
+	}
+	for _, st := range a.statsOf(ss.pool) {
+		st.NumOOMs++
+	}
 	free, _, _ := a.drv.MemGetInfo(a.dev)
 	oom := &OutOfMemoryError{
 		Device:    a.dev,
 		Requested: size,
-		Tried:     a.growSize(cl, rounded),
+		Tried:     a.growSize(ss.pool, cl, rounded),
 		Total:     a.total,
 		Free:      free,
 		Allocated: uint64(a.st.AllocatedBytes[0].Current),
@@ -105,8 +179,8 @@ func (a *Allocator) owns(ss *streamState) bool {
 }
 
 // growSize is how many bytes growth for rounded maps.
-func (a *Allocator) growSize(cl *sizeClass, rounded uint64) uint64 {
-	if a.cfg.ExpandableSegments {
+func (a *Allocator) growSize(p *Pool, cl *sizeClass, rounded uint64) uint64 {
+	if p.expandable {
 		return roundUp(rounded, a.gran)
 	}
 	return a.classicSegmentSize(rounded)
@@ -136,7 +210,7 @@ func (a *Allocator) grow(ss *streamState, cl *sizeClass, rounded uint64) (arena.
 	if !a.owns(ss) {
 		return arena.NoBlock, fmt.Errorf("%w: stream %d was released while a Malloc on it waited", ErrInvalidStream, ss.stream)
 	}
-	if !a.cfg.ExpandableSegments {
+	if !ss.pool.expandable {
 		return a.growClassic(ss, cl, rounded)
 	}
 	for {
@@ -152,6 +226,9 @@ func (a *Allocator) grow(ss *streamState, cl *sizeClass, rounded uint64) (arena.
 
 func (a *Allocator) growClassic(ss *streamState, cl *sizeClass, rounded uint64) (arena.BlockID, error) {
 	size := a.classicSegmentSize(rounded)
+	if a.overPoolLimit(ss.pool, size) {
+		return arena.NoBlock, errPoolLimit
+	}
 	if a.overCap(size) {
 		return arena.NoBlock, backend.Errorf(backend.OpCreate, backend.ErrOutOfMemory, "", "per_process_memory_fraction cap %d bytes reached", a.allowed)
 	}
@@ -160,21 +237,23 @@ func (a *Allocator) growClassic(ss *streamState, cl *sizeClass, rounded uint64) 
 	})
 	if err != nil {
 		if s != nil { // rollback incomplete: keep it to destroy later
-			a.addZombie(s, cl.kind)
+			a.addZombie(s, cl.kind, ss.pool)
 		}
 		return arena.NoBlock, err
 	}
-	sg := &seg{s: s, class: cl}
+	sg := &seg{s: s, class: cl, pool: ss.pool}
 	head, err := a.addSeg(sg, arena.Free, ss.sid)
 	if err != nil {
 		return arena.NoBlock, errors.Join(err, s.Destroy())
 	}
-	a.st.Segment.Add(cl.kind, 1)
-	a.st.ReservedBytes.Add(cl.kind, int64(s.MappedBytes()))
-	a.histReserve(true, s.Base(), int64(s.MappedBytes()), ss.stream)
-	if a.cfg.MaxSplitSize != 0 && s.Size() >= a.cfg.MaxSplitSize {
-		a.st.OversizeSegments.Add(1)
+	for _, st := range a.statsOf(ss.pool) {
+		st.Segment.Add(cl.kind, 1)
+		st.ReservedBytes.Add(cl.kind, int64(s.MappedBytes()))
+		if a.cfg.MaxSplitSize != 0 && s.Size() >= a.cfg.MaxSplitSize {
+			st.OversizeSegments.Add(1)
+		}
 	}
+	a.histReserve(true, s.Base(), int64(s.MappedBytes()), ss.stream)
 	return head, nil
 }
 
@@ -225,6 +304,9 @@ func (a *Allocator) growExpandable(ss *streamState, cl *sizeClass, rounded uint6
 			return arena.NoBlock, errNoVA
 		}
 		mapLen = roundUp(rounded, a.gran)
+		if a.overPoolLimit(ss.pool, mapLen) {
+			return arena.NoBlock, errPoolLimit
+		}
 		if a.overCap(mapLen) {
 			return arena.NoBlock, backend.Errorf(backend.OpMap, backend.ErrOutOfMemory, "", "per_process_memory_fraction cap %d bytes reached", a.allowed)
 		}
@@ -243,7 +325,14 @@ func (a *Allocator) growExpandable(ss *streamState, cl *sizeClass, rounded uint6
 			return arena.NoBlock, errors.Join(err, s.Release())
 		}
 		cl.nexp++
-		a.st.Segment.Add(cl.kind, 1)
+		// Reservations are the device's: the default pool's record
+		// counts them (Pool.Stats).
+		for _, st := range a.statsOf(&a.def) {
+			st.Segment.Add(cl.kind, 1)
+		}
+	}
+	if a.overPoolLimit(ss.pool, mapLen) {
+		return arena.NoBlock, errPoolLimit
 	}
 	if a.overCap(mapLen) {
 		return arena.NoBlock, backend.Errorf(backend.OpMap, backend.ErrOutOfMemory, "", "per_process_memory_fraction cap %d bytes reached", a.allowed)
@@ -255,10 +344,14 @@ func (a *Allocator) growExpandable(ss *streamState, cl *sizeClass, rounded uint6
 		return arena.NoBlock, fmt.Errorf("%w: %w", ErrCorrupt, err)
 	}
 	stream := ss.stream
-	if err := a.mapGrowth(sg, uint64(addr-sg.base), mapLen); err != nil {
+	p := ss.pool
+	p.mapping += mapLen
+	err = a.mapGrowth(sg, uint64(addr-sg.base), mapLen)
+	p.mapping -= mapLen
+	if err != nil {
 		owner := ss
 		if !a.owns(ss) || ss.stream != stream {
-			owner = a.idle
+			owner = p.idle
 		}
 		if _, aerr := h.AbortMap(m); aerr != nil {
 			return arena.NoBlock, errors.Join(err, fmt.Errorf("%w: %w", ErrCorrupt, aerr))
@@ -271,18 +364,18 @@ func (a *Allocator) growExpandable(ss *streamState, cl *sizeClass, rounded uint6
 		// The stream was released while its growth mapped without mu:
 		// the memory goes to the idle owner, whose free memory the next
 		// release returns.
-		if _, err := h.CommitMap(m, a.idle.sid); err != nil {
+		if _, err := h.CommitMap(m, p.idle.sid); err != nil {
 			return arena.NoBlock, fmt.Errorf("%w: %w", ErrCorrupt, err)
 		}
-		a.st.ReservedBytes.Add(cl.kind, int64(mapLen))
-		a.histReserve(false, addr, int64(mapLen), a.idle.stream)
+		a.addReserved(p, cl.kind, int64(mapLen))
+		a.histReserve(false, addr, int64(mapLen), p.idle.stream)
 		return arena.NoBlock, fmt.Errorf("%w: stream %d was released while a Malloc on it grew the pool", ErrInvalidStream, stream)
 	}
 	b, err := h.CommitMap(m, ss.sid)
 	if err != nil {
 		return arena.NoBlock, fmt.Errorf("%w: %w", ErrCorrupt, err)
 	}
-	a.st.ReservedBytes.Add(cl.kind, int64(mapLen))
+	a.addReserved(p, cl.kind, int64(mapLen))
 	a.histReserve(false, addr, int64(mapLen), ss.stream)
 	if h.Size(b) < rounded {
 		// A free neighbour the growth counted on was allocated while mu
@@ -380,7 +473,7 @@ func (a *Allocator) awaitGrowths(ss *streamState, cl *sizeClass, rounded uint64)
 // left to the out-of-memory ladder: growth never waits for another stream.
 // Failures are left to the growth (and the OOM ladder) to report. mu held.
 func (a *Allocator) defragBeforeGrow(ss *streamState, cl *sizeClass, rounded uint64) {
-	excess := a.defragExcess(cl, rounded)
+	excess := a.defragExcess(ss.pool, cl, rounded)
 	if excess == 0 {
 		return
 	}
@@ -416,7 +509,7 @@ func (a *Allocator) adoptStrayMappings(ss *streamState, cl *sizeClass, sg *seg, 
 		if _, err := a.heap.CommitMap(m, ss.sid); err != nil {
 			continue
 		}
-		a.st.ReservedBytes.Add(cl.kind, int64(hi-lo))
+		a.addReserved(ss.pool, cl.kind, int64(hi-lo))
 		a.histReserve(false, at, int64(hi-lo), ss.stream)
 	}
 }
@@ -451,29 +544,40 @@ func (a *Allocator) dropSeg(sg *seg, mapped uint64) {
 	a.histReserve(!sg.expandable, sg.base, -int64(mapped), h.Stream(h.StreamOf(info.Head)))
 	for id := info.Head; id != arena.NoBlock; id = h.Next(id) {
 		b, _ := h.Block(id)
+		if b.State == arena.Unmapped || b.StreamID == 0 {
+			continue
+		}
+		o := a.states[b.StreamID]
+		// The blocks cover the mapped memory exactly, and each belongs
+		// to one pool's owner: each pool's reserved bytes drop by its
+		// blocks' (mapped counts the total, for zombies).
+		a.addReserved(o.pool, cl.kind, -int64(b.Size))
 		if b.State != arena.Allocated && b.State != arena.PendingFree {
 			continue
 		}
 		delete(a.uses, id)
-		a.states[b.StreamID].active--
+		o.active--
 		n := int64(b.Size)
-		if b.State == arena.Allocated {
-			a.st.Allocation.Add(cl.kind, -1)
-			a.st.AllocatedBytes.Add(cl.kind, -n)
+		for _, st := range a.statsOf(o.pool) {
+			if b.State == arena.Allocated {
+				st.Allocation.Add(cl.kind, -1)
+				st.AllocatedBytes.Add(cl.kind, -n)
+			}
+			st.Active.Add(cl.kind, -1)
+			st.ActiveBytes.Add(cl.kind, -n)
+			st.RequestedBytes.Add(cl.kind, -int64(b.Requested))
 		}
-		a.st.Active.Add(cl.kind, -1)
-		a.st.ActiveBytes.Add(cl.kind, -n)
-		a.st.RequestedBytes.Add(cl.kind, -int64(b.Requested))
 	}
 	_ = h.RemoveRegion(sg.rid) // no block is in transition: the lock is held throughout
 	a.segOf[sg.rid] = nil
 	if sg.expandable {
 		cl.nexp--
 	}
-	a.st.ReservedBytes.Add(cl.kind, -int64(mapped))
-	a.st.Segment.Add(cl.kind, -1)
-	if !sg.expandable && a.cfg.MaxSplitSize != 0 && sg.size >= a.cfg.MaxSplitSize {
-		a.st.OversizeSegments.Add(-1)
+	for _, st := range a.statsOf(a.segPool(sg)) {
+		st.Segment.Add(cl.kind, -1)
+		if !sg.expandable && a.cfg.MaxSplitSize != 0 && sg.size >= a.cfg.MaxSplitSize {
+			st.OversizeSegments.Add(-1)
+		}
 	}
 	for i, s := range a.segs {
 		if s == sg {
@@ -488,12 +592,14 @@ func (a *Allocator) dropSeg(sg *seg, mapped uint64) {
 type zombie struct {
 	s       *segment.Segment
 	kind    stats.PoolKind
+	pool    *Pool  // whose reserved_bytes count it
 	counted uint64 // bytes of it counted in reserved_bytes
 }
 
-// addZombie keeps s for a later teardown. mu held.
-func (a *Allocator) addZombie(s *segment.Segment, kind stats.PoolKind) {
-	z := &zombie{s: s, kind: kind}
+// addZombie keeps s, which pool p's memory was in, for a later teardown.
+// mu held.
+func (a *Allocator) addZombie(s *segment.Segment, kind stats.PoolKind, p *Pool) {
+	z := &zombie{s: s, kind: kind, pool: p}
 	a.recountZombie(z)
 	a.zombies = append(a.zombies, z)
 }
@@ -501,7 +607,7 @@ func (a *Allocator) addZombie(s *segment.Segment, kind stats.PoolKind) {
 // recountZombie brings reserved_bytes in line with what z still maps. mu held.
 func (a *Allocator) recountZombie(z *zombie) {
 	now := z.s.MappedBytes()
-	a.st.ReservedBytes.Add(z.kind, int64(now)-int64(z.counted))
+	a.addReserved(z.pool, z.kind, int64(now)-int64(z.counted))
 	a.histReserve(true, z.s.Base(), int64(now)-int64(z.counted), 0)
 	z.counted = now
 }

@@ -1,6 +1,7 @@
 package allocator
 
 import (
+	"math"
 	"slices"
 
 	"github.com/vmmalloc/vmmalloc/arena"
@@ -67,7 +68,7 @@ func (a *Allocator) adoptFromStreams(ss *streamState, cl *sizeClass, rounded uin
 	}
 	pi := uint8(cl.idx)
 	var avail uint64
-	for _, t := range a.streams {
+	for _, t := range a.ownersOf(ss.pool) { // handles change hands only within a pool
 		avail += a.heap.FreeBytes(t.sid, pi)
 	}
 	if avail < rounded {
@@ -77,7 +78,8 @@ func (a *Allocator) adoptFromStreams(ss *streamState, cl *sizeClass, rounded uin
 	// stays free inside a handle the request uses, where no other stream
 	// can have it and no release can unmap it. Growth cuts a handle to
 	// size instead. Near the memory limit, adopt only what fits as well.
-	exact := uint64(a.st.ReservedBytes[0].Current) > a.allowed/adoptExactDen*adoptExactNum
+	exact := uint64(a.st.ReservedBytes[0].Current) > a.allowed/adoptExactDen*adoptExactNum ||
+		ss.pool.limit != math.MaxUint64 && uint64(a.poolRec(ss.pool).ReservedBytes[0].Current) > ss.pool.limit/adoptExactDen*adoptExactNum
 	var busy []*streamState // streams found busy by this call
 	usable := func(b arena.BlockInfo) bool {
 		if b.State != arena.Free {
@@ -87,7 +89,7 @@ func (a *Allocator) adoptFromStreams(ss *streamState, cl *sizeClass, rounded uin
 			return true
 		}
 		t := a.states[b.StreamID]
-		if t == nil || a.streams[t.stream] != t || slices.Contains(busy, t) {
+		if t == nil || t.pool != ss.pool || !a.inUse(t) || slices.Contains(busy, t) {
 			return false
 		}
 		if a.streamIdle(t) {
@@ -161,13 +163,13 @@ func (a *Allocator) adoptRange(ss *streamState, sg *seg, start arena.BlockID, lo
 // growth of rounded bytes for ss, until the pool's mapped bytes after the
 // growth would be within the defrag limit (see defragBeforeGrow). mu held.
 func (a *Allocator) reclaimBeforeGrow(ss *streamState, cl *sizeClass, rounded uint64) {
-	excess := a.defragExcess(cl, rounded)
+	excess := a.defragExcess(ss.pool, cl, rounded)
 	if excess == 0 || len(a.streams) < 2 {
 		return
 	}
 	for _, t := range a.reclaimCandidates(ss, cl) {
 		total := uint64(a.st.ReservedBytes[0].Current)
-		if excess = a.defragExcess(cl, rounded); excess == 0 {
+		if excess = a.defragExcess(ss.pool, cl, rounded); excess == 0 {
 			return
 		}
 		if !a.streamIdle(t) {
@@ -190,11 +192,13 @@ func (a *Allocator) reclaimBeforeGrow(ss *streamState, cl *sizeClass, rounded ui
 // issue 9). Peak reserved is bounded all the same: a growth past the mark
 // that defragmentation cannot keep under the limit is the only way
 // reserved bytes exceed (1+threshold) × peak allocated plus a page.
-func (a *Allocator) defragExcess(cl *sizeClass, rounded uint64) uint64 {
-	reserved := uint64(a.st.ReservedBytes[cl.kind].Current)
+func (a *Allocator) defragExcess(p *Pool, cl *sizeClass, rounded uint64) uint64 {
+	rec := a.poolRec(p)
+	reserved := uint64(rec.ReservedBytes[cl.kind].Current)
 	after := reserved + roundUp(rounded, a.gran)
-	cl.highWater = max(cl.highWater, uint64(a.st.AllocatedBytes[cl.kind].Current)+rounded)
-	limit := uint64((1+a.cfg.DefragThreshold)*float64(cl.highWater)) + cl.pageSize
+	hw := &p.highWater[cl.idx]
+	*hw = max(*hw, uint64(rec.AllocatedBytes[cl.kind].Current)+rounded)
+	limit := uint64((1+a.cfg.DefragThreshold)*float64(*hw)) + cl.pageSize
 	if after <= limit {
 		return 0
 	}
@@ -206,7 +210,7 @@ func (a *Allocator) defragExcess(cl *sizeClass, rounded uint64) uint64 {
 // order). mu held.
 func (a *Allocator) reclaimCandidates(ss *streamState, cl *sizeClass) []*streamState {
 	var cands []*streamState
-	for _, t := range a.streams {
+	for _, t := range a.ownersOf(ss.pool) {
 		if t != ss && a.heap.FreeBytes(t.sid, uint8(cl.idx)) >= a.gran {
 			cands = append(cands, t)
 		}
@@ -248,7 +252,7 @@ func (a *Allocator) streamIdle(t *streamState) bool {
 		if a.streamGone(t.stream) {
 			// Destroyed behind the allocator's back: never probed again
 			// (its memory waits for a device synchronize, streams.go).
-			a.vanish(t)
+			a.vanish(t.primary)
 		}
 		return false
 	}

@@ -173,6 +173,9 @@ func (a *Allocator) synchronizeAndFreeEvents() error {
 		return nil
 	}
 	a.st.NumSyncAllStreams++
+	if a.pooled {
+		a.def.st.NumSyncAllStreams++ // the device's: the default pool's record
+	}
 	var errs []error
 	for _, ss := range a.sortedBusy() {
 		for len(ss.queue) > 0 {
@@ -223,15 +226,19 @@ func (a *Allocator) releaseAll() error {
 // unmapped. A failure on one stream does not stop the others. mu held.
 func (a *Allocator) releaseUntil(target uint64) error {
 	var errs []error
-	if err := a.releaseStream(a.idle, target, false); err != nil {
+	if err := a.releaseIdlesUntil(target); err != nil {
 		errs = append(errs, err)
 	}
 	for _, ss := range a.sortedStreams() {
-		if uint64(a.st.ReservedBytes[0].Current) <= target {
-			break
-		}
-		if err := a.releaseStream(ss, target, true); err != nil {
-			errs = append(errs, err)
+		// Every pool's memory of the stream: a pool that cannot grow
+		// takes back what the others only cache.
+		for _, o := range a.poolStates(ss) {
+			if uint64(a.st.ReservedBytes[0].Current) <= target {
+				break
+			}
+			if err := a.releaseStream(o, target, true); err != nil {
+				errs = append(errs, err)
+			}
 		}
 	}
 	if len(a.vanished) > 0 && uint64(a.st.ReservedBytes[0].Current) > target {
@@ -239,11 +246,38 @@ func (a *Allocator) releaseUntil(target uint64) error {
 		if err := a.quiesce(); err != nil && !errors.Is(err, errNoDeviceSync) {
 			errs = append(errs, err)
 		}
-		if err := a.releaseStream(a.idle, target, false); err != nil {
+		if err := a.releaseIdlesUntil(target); err != nil {
 			errs = append(errs, err)
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// releaseIdlesUntil releases the free memory of every pool's idle owner
+// (no wait) until reserved bytes are at most target. mu held.
+func (a *Allocator) releaseIdlesUntil(target uint64) error {
+	var errs []error
+	for _, p := range a.pools {
+		if p != nil && uint64(a.st.ReservedBytes[0].Current) > target {
+			errs = append(errs, a.releaseStream(p.idle, target, false))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// poolStates lists the states of the stream whose primary state is ss in
+// every pool: ss first, then its private pools' owners. mu held.
+func (a *Allocator) poolStates(ss *streamState) []*streamState {
+	if len(ss.owners) == 0 {
+		return []*streamState{ss}
+	}
+	out := []*streamState{ss}
+	for _, o := range ss.owners {
+		if o != nil {
+			out = append(out, o)
+		}
+	}
+	return out
 }
 
 // releaseStream unmaps the free handles and frees the free classic segments
@@ -352,16 +386,16 @@ func (a *Allocator) releaseStreamPool(ss *streamState, onlyPool int, target uint
 			// for ss: the marked blocks went to the idle owner, with
 			// their work complete, and the caller may have destroyed
 			// the stream since, so this wait's failure says nothing.
-			return a.releaseIdle()
+			return a.releaseIdles()
 		}
-		if a.streams[s] != ss || !a.streamGone(s) {
+		if a.streams[s] != ss.primary || !a.streamGone(s) {
 			return err
 		}
 		// Destroyed behind our back: its memory is released once a
 		// device synchronize shows its work complete (releaseUntil
 		// and releaseAll do one for all such streams; stranded and
 		// counted until then).
-		a.vanish(ss)
+		a.vanish(ss.primary)
 		return nil
 	}
 	var errs []error
@@ -432,7 +466,7 @@ func (a *Allocator) commitReleased(ss *streamState, rel arena.BlockID, sg *seg, 
 	}
 	if done > 0 {
 		a.histReserve(false, addr, -int64(done), ss.stream)
-		a.st.ReservedBytes.Add(sg.class.kind, -int64(done))
+		a.addReserved(ss.pool, sg.class.kind, -int64(done))
 		a.maybeDropEmpty(sg)
 	}
 	return err
@@ -483,7 +517,7 @@ func (a *Allocator) releaseBlock(ss *streamState, b arena.BlockID, limit uint64)
 		return err
 	}
 	a.histReserve(false, sg.base+uintptr(lo), -int64(done), ss.stream)
-	a.st.ReservedBytes.Add(cl.kind, -int64(done))
+	a.addReserved(ss.pool, cl.kind, -int64(done))
 	a.maybeDropEmpty(sg)
 	return err
 }
@@ -501,7 +535,7 @@ func (a *Allocator) destroyClassic(sg *seg) error {
 	}
 	if sg.s.MappedBytes() == 0 {
 		a.dropSeg(sg, mapped)
-		a.addZombie(sg.s, sg.class.kind)
+		a.addZombie(sg.s, sg.class.kind, a.segPool(sg))
 	}
 	return err
 }
@@ -550,7 +584,7 @@ func (a *Allocator) Synchronize(stream backend.Stream) error {
 		return err
 	}
 	a.counters.StreamSyncs++
-	frees := ss.frees
+	frees := a.streamFrees(ss)
 	// The wait runs without mu. Blocks freed to ss meanwhile may have work
 	// queued after the wait began, so the release below waits again (with
 	// the blocks marked) if any was.
@@ -577,5 +611,10 @@ func (a *Allocator) Synchronize(stream backend.Stream) error {
 		return nil
 	}
 	target := uint64(a.st.ReservedBytes[0].Current) - (cached - a.cfg.ReleaseThreshold)
-	return a.releaseStream(ss, target, ss.frees != frees)
+	needSync := a.streamFrees(ss) != frees
+	var errs []error
+	for _, o := range a.poolStates(ss) {
+		errs = append(errs, a.releaseStream(o, target, needSync))
+	}
+	return errors.Join(errs...)
 }

@@ -135,7 +135,7 @@ func (a *Allocator) ReleaseStream(s backend.Stream) error {
 	}
 	for {
 		upTo := ss.retired + uint64(len(ss.queue))
-		frees := ss.frees
+		frees := a.streamFrees(ss)
 		a.counters.StreamSyncs++
 		err := a.waitUnlocked(func() error { return a.drv.StreamSynchronize(s) })
 		if a.streams[s] != ss {
@@ -160,7 +160,7 @@ func (a *Allocator) ReleaseStream(s backend.Stream) error {
 		// on s after the wait began (its last use, queued before Free);
 		// retire, and the idle owner once the block is free, unmap it
 		// without a further wait for s, so wait again.
-		freedDuring := ss.frees != frees
+		freedDuring := a.streamFrees(ss) != frees
 		for ss.retired < upTo && len(ss.queue) > 0 { // recorded on s before the wait: complete now
 			a.eventDone(ss)
 		}
@@ -179,7 +179,7 @@ func (a *Allocator) stateOf(id backend.Stream) *streamState {
 		return ss
 	}
 	if id == idleStream {
-		return a.idle
+		return a.def.idle
 	}
 	return a.vanished[id]
 }
@@ -266,7 +266,13 @@ func (a *Allocator) quiesce() error {
 			a.eventDone(ss)
 		}
 		delete(a.vanished, id)
-		a.adoptIntoIdle(ss)
+		for _, o := range a.poolStates(ss) {
+			a.adoptIntoIdle(o)
+			if o != ss {
+				a.unregister(o)
+			}
+		}
+		ss.owners = nil
 		a.unregister(ss)
 	}
 	stranded := a.stranded
@@ -278,7 +284,7 @@ func (a *Allocator) quiesce() error {
 			_ = a.freeBlock(b)
 		}
 	}
-	return a.releaseIdle()
+	return a.releaseIdles()
 }
 
 // maxSpareStates bounds the empty stream states kept for reuse.
@@ -299,9 +305,14 @@ func (a *Allocator) newState(s backend.Stream) (*streamState, error) {
 		}
 		a.spare[n-1] = nil
 		a.spare = a.spare[:n-1]
+		ss.pool, ss.primary = &a.def, ss
 		return ss, nil
 	}
-	return a.newStreamState(s)
+	ss, err := a.newStreamState(s)
+	if err == nil {
+		ss.pool, ss.primary = &a.def, ss
+	}
+	return ss, err
 }
 
 // unregister removes ss, which owns no block any more, from the heap. mu
@@ -321,14 +332,21 @@ func (a *Allocator) unregister(ss *streamState) {
 func (a *Allocator) retire(ss *streamState) error {
 	a.keepEmpty = true
 	defer func() { a.keepEmpty = false }()
-	err := a.releaseStream(ss, 0, false) // ss still known: dropping a segment finds its blocks' state
-	// Blocks left: allocated, pending, free, or Releasing under another
-	// call's wait without mu (a release that synchronizes ss: it commits
-	// or aborts them under the idle owner).
-	if a.heap.StreamBlocks(ss.sid) > 0 {
-		a.adoptIntoIdle(ss)
-		err = errors.Join(err, a.releaseIdle())
+	var err error
+	for _, o := range a.poolStates(ss) {
+		err = errors.Join(err, a.releaseStream(o, 0, false)) // o still known: dropping a segment finds its blocks' state
+		// Blocks left: allocated, pending, free, or Releasing under
+		// another call's wait without mu (a release that synchronizes
+		// the stream: it commits or aborts them under the idle owner).
+		if a.heap.StreamBlocks(o.sid) > 0 {
+			a.adoptIntoIdle(o)
+			err = errors.Join(err, a.releaseIdle(o.pool.idle))
+		}
+		if o != ss {
+			a.unregister(o)
+		}
 	}
+	ss.owners = ss.owners[:0]
 	a.forget(ss)
 	a.unregister(ss)
 	if len(a.spare) < maxSpareStates && ss.busyIdx < 0 && len(ss.queue) == 0 {
@@ -346,8 +364,9 @@ func (a *Allocator) adoptIntoIdle(ss *streamState) {
 	if a.heap.StreamBlocks(ss.sid) == 0 {
 		return
 	}
-	_ = a.heap.MoveStream(ss.sid, a.idle.sid) // both registered
-	a.idle.active += ss.active
+	idle := ss.pool.idle
+	_ = a.heap.MoveStream(ss.sid, idle.sid) // both registered
+	idle.active += ss.active
 	ss.active = 0
 }
 
@@ -355,14 +374,37 @@ func (a *Allocator) adoptIntoIdle(ss *streamState) {
 // segments of the idle owner. Its memory has no work in flight, so no
 // synchronisation is needed. Emptied reservations stay for the streams
 // that follow (EmptyCache releases them). mu held.
-func (a *Allocator) releaseIdle() error {
-	if a.freeLen(a.idle) == 0 {
+func (a *Allocator) releaseIdle(idle *streamState) error {
+	if a.freeLen(idle) == 0 {
 		return nil
 	}
 	keep := a.keepEmpty
 	a.keepEmpty = true
 	defer func() { a.keepEmpty = keep }()
-	return a.releaseStream(a.idle, 0, false)
+	return a.releaseStream(idle, 0, false)
+}
+
+// releaseIdles is releaseIdle of every pool's idle owner. mu held.
+func (a *Allocator) releaseIdles() error {
+	var errs []error
+	for _, p := range a.pools {
+		if p != nil {
+			errs = append(errs, a.releaseIdle(p.idle))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// streamFrees counts the Frees that succeeded on blocks of the stream
+// whose primary state is ss, in every pool (streamState.frees). mu held.
+func (a *Allocator) streamFrees(ss *streamState) uint64 {
+	n := ss.frees
+	for _, o := range ss.owners {
+		if o != nil {
+			n += o.frees
+		}
+	}
+	return n
 }
 
 // strandedBytes is the memory of vanished streams not yet proven idle: their
@@ -370,7 +412,9 @@ func (a *Allocator) releaseIdle() error {
 func (a *Allocator) strandedBytes() uint64 {
 	var n uint64
 	for _, ss := range a.vanished {
-		n += a.freeBytes(ss)
+		for _, o := range a.poolStates(ss) {
+			n += a.freeBytes(o)
+		}
 	}
 	for _, b := range a.stranded {
 		n += a.heap.Size(b)
@@ -381,12 +425,20 @@ func (a *Allocator) strandedBytes() uint64 {
 // eachState calls f for every stream state: in use, vanished, idle. mu held.
 func (a *Allocator) eachState(f func(*streamState)) {
 	for _, ss := range a.streams {
-		f(ss)
+		for _, o := range a.poolStates(ss) {
+			f(o)
+		}
 	}
 	for _, ss := range a.vanished {
-		f(ss)
+		for _, o := range a.poolStates(ss) {
+			f(o)
+		}
 	}
-	f(a.idle)
+	for _, p := range a.pools {
+		if p != nil {
+			f(p.idle)
+		}
+	}
 }
 
 // retireVanishedID frees the id of vanished stream ss for the new stream a
@@ -404,7 +456,9 @@ func (a *Allocator) retireVanishedID(ss *streamState) {
 	a.ghosts++
 	ghost := idleStream - backend.Stream(a.ghosts)
 	delete(a.vanished, ss.stream)
-	ss.stream = ghost
-	a.heap.RenameStream(ss.sid, ghost) // blocks are owned by ss.sid: they follow
+	for _, o := range a.poolStates(ss) {
+		o.stream = ghost
+		a.heap.RenameStream(o.sid, ghost) // blocks are owned by o.sid: they follow
+	}
 	a.vanished[ghost] = ss
 }

@@ -95,9 +95,9 @@ type streamRec struct {
 
 // SplitHook, when set, is called whenever a free block that is not the
 // whole of its region enters (blocks=+1) or leaves (blocks=-1) the free
-// indexes, with its pool and signed size: the allocator's classic-mode
-// inactive_split statistic.
-type SplitHook func(pool uint8, blocks, bytes int64)
+// indexes, with its pool, its stream and signed size: the allocator's
+// classic-mode inactive_split statistic.
+type SplitHook func(pool uint8, sid StreamID, blocks, bytes int64)
 
 // Heap is a block heap: see the package documentation. Create one with
 // NewHeap.
@@ -249,13 +249,13 @@ func (h *Heap) list(b *block) *tlsfIndex {
 // hot path pays one predictable branch when no hook is set.
 func (h *Heap) leave(b *block) {
 	if b.isSplit() {
-		h.splitHook(b.pool, -1, -int64(b.size))
+		h.splitHook(b.pool, b.stream, -1, -int64(b.size))
 	}
 }
 
 func (h *Heap) enter(b *block) {
 	if b.isSplit() {
-		h.splitHook(b.pool, 1, int64(b.size))
+		h.splitHook(b.pool, b.stream, 1, int64(b.size))
 	}
 }
 

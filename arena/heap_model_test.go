@@ -170,7 +170,7 @@ func newHarness(c chooser, fail func(string, ...any)) *harness {
 		fail("NewHeap: %v", err)
 	}
 	x := &harness{h: h, c: c, fail: fail, nextVA: 1 << 30}
-	h.SetSplitHook(func(pool uint8, n, bytes int64) {
+	h.SetSplitHook(func(pool uint8, _ StreamID, n, bytes int64) {
 		x.hookN[pool] += n
 		x.hookB[pool] += bytes
 	})
