@@ -86,6 +86,16 @@ type Allocator struct {
 	statsBuf    [2]*stats.HotCounters // statsOf's result: &st, then the pool's; mu
 	splitHooked bool                  // the heap's split hook counts classic inactive_split; mu
 	poolsClosed int                   // private pools closed, ever; mu
+
+	// hooks are the attached segment hooks, hookSeq the last HookID
+	// given (hooks.go). mu.
+	hooks   []*hook
+	hookSeq HookID
+	// unmapQueue holds the releases marked while hooks are attached, to
+	// be reported and made by flushUnmaps before the call that queued
+	// them returns; queuedBytes their nbytes. mu.
+	unmapQueue  []unmapEntry
+	queuedBytes uint64
 }
 
 // streamState is the per-stream part of the allocator. The allocator's
@@ -483,7 +493,7 @@ func (a *Allocator) Malloc(size uint64, stream backend.Stream) (uintptr, error) 
 // mallocSlow is Malloc's general path in pool p: validation, events,
 // growth, the OOM ladder and history. mu held; it unlocks.
 func (a *Allocator) mallocSlow(p *Pool, size uint64, stream backend.Stream) (uintptr, error) {
-	defer a.mu.Unlock()
+	defer a.unlock()
 	if err := p.live(); err != nil {
 		return 0, err
 	}
@@ -640,7 +650,7 @@ func (a *Allocator) Free(ptr uintptr) error {
 // releaseIdleUnlock gives back the memory freed to the idle owner (see
 // freeBlockPeek). mu held; it unlocks.
 func (a *Allocator) releaseIdleUnlock() error {
-	defer a.mu.Unlock()
+	defer a.unlock()
 	_ = a.releaseIdles()
 	return nil
 }
@@ -671,7 +681,7 @@ func (a *Allocator) countFree(pk arena.Freed) *streamState {
 // freeSlow is Free's general path: bad pointers, recorded streams,
 // events, history. mu held; it unlocks.
 func (a *Allocator) freeSlow(ptr uintptr) error {
-	defer a.mu.Unlock()
+	defer a.unlock()
 	if a.closed {
 		return ErrClosed
 	}
@@ -794,7 +804,7 @@ func (a *Allocator) freeBlockPeek(b arena.BlockID, info arena.Peek) error {
 // own allocation stream is a no-op.
 func (a *Allocator) RecordStream(ptr uintptr, s backend.Stream) error {
 	a.mu.Lock()
-	defer a.mu.Unlock()
+	defer a.unlock()
 	if a.closed {
 		return ErrClosed
 	}
@@ -901,7 +911,7 @@ func (a *Allocator) MemoryReserved() uint64 {
 // work on its memory is done.
 func (a *Allocator) Close() error {
 	a.mu.Lock()
-	defer a.mu.Unlock()
+	defer a.unlock()
 	a.quiesceWaits()
 	if a.closed && len(a.segs) == 0 && a.defaultS == 0 && len(a.events) == 0 && len(a.zombies) == 0 {
 		return ErrClosed
@@ -926,8 +936,17 @@ func (a *Allocator) Close() error {
 	if err := a.quiesce(); err != nil && !errors.Is(err, errNoDeviceSync) {
 		errs = append(errs, err)
 	}
+	if err := a.flushUnmaps(); err != nil {
+		errs = append(errs, err)
+	}
 	if len(errs) > 0 {
 		return errors.Join(errs...)
+	}
+	if hs := a.hookList(); hs != nil {
+		// Everything still mapped is about to be unmapped.
+		rs := a.mappedRanges()
+		_ = a.waitUnlocked(func() error { reportUnmapped(hs, rs); return nil })
+		a.hooks = nil
 	}
 	a.eachState(func(ss *streamState) {
 		for _, pe := range ss.queue {

@@ -241,6 +241,28 @@ func (a *Allocator) growClassic(ss *streamState, cl *sizeClass, rounded uint64) 
 		}
 		return arena.NoBlock, err
 	}
+	if hs := a.hookList(); hs != nil {
+		// Report the new segment before it is visible to any Malloc;
+		// the hooks run without mu, its bytes counted as in flight.
+		r := SegmentRange{Device: a.dev, Pool: ss.pool.id, Addr: s.Base(), Size: s.Size(), Handles: []HandleSpan{{VA: s.Base(), Size: s.Size()}}}
+		var herr error
+		a.mappingBytes += size
+		ss.pool.mapping += size
+		_ = a.waitUnlocked(func() error { herr = reportMapped(hs, r); return nil })
+		a.mappingBytes -= size
+		ss.pool.mapping -= size
+		if herr == nil && !a.owns(ss) {
+			herr = fmt.Errorf("%w: stream %d was released while a Malloc on it grew the pool", ErrInvalidStream, ss.stream)
+			_ = a.waitUnlocked(func() error { reportUnmapped(hs, []SegmentRange{r}); return nil })
+		}
+		if herr != nil {
+			if derr := s.Destroy(); derr != nil {
+				a.addZombie(s, cl.kind, ss.pool)
+				return arena.NoBlock, errors.Join(herr, derr)
+			}
+			return arena.NoBlock, herr
+		}
+	}
 	sg := &seg{s: s, class: cl, pool: ss.pool}
 	head, err := a.addSeg(sg, arena.Free, ss.sid)
 	if err != nil {
@@ -269,6 +291,7 @@ func (a *Allocator) growExpandable(ss *streamState, cl *sizeClass, rounded uint6
 		}
 		defer a.holdForGrowth(cl, rounded)() // handles unmapped now are remapped below
 		a.reclaimBeforeGrow(ss, cl, rounded) // other streams first: no wait
+		_ = a.flushUnmaps()                  // hooks: releases queued above
 		a.defragBeforeGrow(ss, cl, rounded)  // drops mu while it waits for ss
 		if !a.owns(ss) {
 			return arena.NoBlock, fmt.Errorf("%w: stream %d was released while a Malloc on it waited", ErrInvalidStream, ss.stream)
@@ -346,11 +369,15 @@ func (a *Allocator) growExpandable(ss *streamState, cl *sizeClass, rounded uint6
 	stream := ss.stream
 	p := ss.pool
 	p.mapping += mapLen
-	err = a.mapGrowth(sg, uint64(addr-sg.base), mapLen)
+	err = a.mapGrowth(sg, p, uint64(addr-sg.base), mapLen)
 	p.mapping -= mapLen
 	if err != nil {
 		owner := ss
-		if !a.owns(ss) || ss.stream != stream {
+		var herr *SegmentHookError
+		if !a.owns(ss) || ss.stream != stream || errors.As(err, &herr) {
+			// A hook refused the range: what the rollback could not
+			// unmap is not handed out (the idle owner's memory serves no
+			// Malloc; its next release retries).
 			owner = p.idle
 		}
 		if _, aerr := h.AbortMap(m); aerr != nil {
@@ -405,7 +432,12 @@ var errGrowAgain = errors.New("growth fell short: grow again")
 // than grow for the same request or declare an out-of-memory) and
 // mappingBytes (so the memory fraction cap counts it). mu held on entry
 // and on return.
-func (a *Allocator) mapGrowth(sg *seg, off, n uint64) error {
+//
+// With segment hooks attached, the mapped range is reported to them in
+// the same window, after Run and before EndMap (hooks.go); a refusal
+// unmaps it again (under mu, as a failed map's rollback) and returns the
+// *SegmentHookError.
+func (a *Allocator) mapGrowth(sg *seg, p *Pool, off, n uint64) error {
 	var (
 		op  *segment.MapOp
 		err error
@@ -422,7 +454,22 @@ func (a *Allocator) mapGrowth(sg *seg, off, n uint64) error {
 	ticket := a.growSeq
 	a.growths = append(a.growths, ticket)
 	a.mappingBytes += n
-	_ = a.waitUnlocked(func() error { op.Run(); return nil })
+	hs := a.hookList()
+	var hookErr error
+	var r SegmentRange
+	if hs != nil {
+		r = SegmentRange{Device: a.dev, Pool: p.id, Addr: sg.base + uintptr(off), Size: n}
+		for _, pc := range op.Pieces(nil) {
+			r.Handles = append(r.Handles, HandleSpan{VA: sg.base + uintptr(pc.Off), Size: pc.Len})
+		}
+	}
+	_ = a.waitUnlocked(func() error {
+		op.Run()
+		if hs != nil && op.OK() {
+			hookErr = reportMapped(hs, r)
+		}
+		return nil
+	})
 	a.mappingBytes -= n
 	for i, t := range a.growths {
 		if t == ticket {
@@ -431,7 +478,14 @@ func (a *Allocator) mapGrowth(sg *seg, off, n uint64) error {
 		}
 	}
 	a.grown.Broadcast()
-	return sg.s.EndMap(op)
+	if err := sg.s.EndMap(op); err != nil || hookErr == nil {
+		return err
+	}
+	// Refused by a hook: roll the mapped range back as a failed map
+	// would (what cannot be unmapped, the caller's adoptStrayMappings
+	// reconciles).
+	_, uerr := sg.s.Unmap(off, n)
+	return errors.Join(hookErr, uerr)
 }
 
 // awaitGrowths waits, with mu dropped, until the growths mapping without

@@ -416,13 +416,13 @@ func (a *Allocator) Pools() []*Pool {
 func (p *Pool) EmptyCache() error {
 	a := p.a
 	a.mu.Lock()
-	defer a.mu.Unlock()
+	defer a.unlock()
 	if err := p.live(); err != nil {
 		return err
 	}
 	a.histEmptyCache()
 	err := a.synchronizeAndFreeEvents()
-	err = errors.Join(err, a.releasePool(p))
+	err = errors.Join(err, a.releasePool(p), a.flushUnmaps())
 	return errors.Join(err, a.trimCaches(), a.sweepSegments())
 }
 
@@ -451,7 +451,7 @@ func (a *Allocator) releasePool(p *Pool) error {
 func (p *Pool) Close() error {
 	a := p.a
 	a.mu.Lock()
-	defer a.mu.Unlock()
+	defer a.unlock()
 	if err := p.live(); err != nil {
 		return err
 	}
@@ -488,6 +488,7 @@ func (p *Pool) Close() error {
 	for _, o := range owners {
 		errs = append(errs, a.releaseStream(o, 0, true))
 	}
+	errs = append(errs, a.flushUnmaps())
 	err := errors.Join(errs...)
 	left := a.heap.StreamBlocks(p.idle.sid)
 	for _, o := range owners {

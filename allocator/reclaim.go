@@ -172,10 +172,11 @@ func (a *Allocator) reclaimBeforeGrow(ss *streamState, cl *sizeClass, rounded ui
 		if excess = a.defragExcess(ss.pool, cl, rounded); excess == 0 {
 			return
 		}
-		if !a.streamIdle(t) {
-			continue
+		if !a.inUse(t) || !a.streamIdle(t) {
+			continue // retired while a flush below dropped mu, or busy
 		}
 		_ = a.releaseStreamPool(t, cl.idx, total-min(excess, total), false)
+		_ = a.flushUnmaps() // hooks: the growth remaps what this unmaps
 	}
 }
 

@@ -217,6 +217,7 @@ func (a *Allocator) releaseAll() error {
 	if qerr := a.quiesce(); qerr != nil && !errors.Is(qerr, errNoDeviceSync) {
 		err = errors.Join(err, qerr)
 	}
+	err = errors.Join(err, a.flushUnmaps())
 	return errors.Join(err, a.trimCaches(), a.sweepSegments(), a.destroyZombies())
 }
 
@@ -311,7 +312,7 @@ func (a *Allocator) releaseStreamPool(ss *streamState, onlyPool int, target uint
 	if !needSync {
 		var errs []error
 		for i := len(blocks) - 1; i >= 0; i-- { // EachFree yields ascending sizes
-			reserved := uint64(a.st.ReservedBytes[0].Current)
+			reserved := uint64(a.st.ReservedBytes[0].Current) - a.queuedBytes // queued: as good as released
 			if reserved <= target {
 				break
 			}
@@ -362,10 +363,19 @@ func (a *Allocator) releaseStreamPool(ss *streamState, onlyPool int, target uint
 	}
 	a.counters.StreamSyncs++
 	s := ss.stream // read under mu: a ReleaseStream meanwhile may recycle ss
+	hs := a.hookList()
+	var rs []SegmentRange
+	if hs != nil {
+		for _, rel := range rels {
+			info, _ := a.heap.Block(rel)
+			rs = append(rs, a.segRange(a.segOf[info.Region], ss.pool, info.Addr, info.Size))
+		}
+	}
 	err := a.waitUnlocked(func() error {
 		if err := a.drv.StreamSynchronize(s); err != nil {
 			return err
 		}
+		reportUnmapped(hs, rs) // idle now, still mapped
 		for _, op := range ops {
 			if op != nil {
 				op.Run()
@@ -398,20 +408,38 @@ func (a *Allocator) releaseStreamPool(ss *streamState, onlyPool int, target uint
 		a.vanish(ss.primary)
 		return nil
 	}
-	var errs []error
+	var (
+		errs  []error
+		again []SegmentRange // reported unmapped, but still mapped
+	)
 	for i, rel := range rels {
 		var err error
+		info, _ := a.heap.Block(rel)
+		sg := a.segOf[info.Region]
 		if ops[i] != nil {
-			info, _ := a.heap.Block(rel)
-			sg := a.segOf[info.Region]
 			done, uerr := sg.s.EndUnmap(ops[i])
+			if hs != nil && done < info.Size {
+				again = append(again, a.segRange(sg, ss.pool, info.Addr+uintptr(done), info.Size-done))
+			}
 			err = a.commitReleased(ss, rel, sg, done, uerr)
 		} else {
+			before := sg.s.MappedBytes()
 			err = a.releaseMarked(ss, rel)
+			if hs != nil && err != nil && a.segOf[info.Region] == sg && sg.s.MappedBytes() == before {
+				again = append(again, rs[i])
+			}
 		}
 		if err != nil {
 			errs = append(errs, err)
 		}
+	}
+	if len(again) > 0 {
+		_ = a.waitUnlocked(func() error {
+			for _, r := range again {
+				_ = reportMapped(hs, r) // best effort: it stays mapped either way
+			}
+			return nil
+		})
 	}
 	return errors.Join(errs...)
 }
@@ -498,12 +526,20 @@ func (a *Allocator) releaseBlock(ss *streamState, b arena.BlockID, limit uint64)
 	sg := a.segOf[info.Region]
 	cl := sg.class
 	if !sg.expandable {
+		if len(a.hooks) > 0 {
+			return a.queueRelease(ss, sg, b, 0, sg.size)
+		}
 		return a.destroyClassic(sg)
 	}
 	off := uint64(info.Addr - sg.base)
 	lo, hi := sg.s.WholeHandles(off, info.Size, limit)
 	if lo >= hi {
 		return nil
+	}
+	if len(a.hooks) > 0 {
+		// The hooks are called without mu: queued, reported and
+		// unmapped before the call returns (flushUnmaps).
+		return a.queueRelease(ss, sg, b, lo, hi)
 	}
 	rel, err := a.heap.BeginRelease(b, lo-off, hi-lo)
 	if err != nil {
@@ -561,7 +597,7 @@ func (a *Allocator) sweepSegments() error {
 // (torch.cuda.empty_cache). Memory in use is untouched.
 func (a *Allocator) EmptyCache() error {
 	a.mu.Lock()
-	defer a.mu.Unlock()
+	defer a.unlock()
 	if a.closed {
 		return ErrClosed
 	}
@@ -575,7 +611,7 @@ func (a *Allocator) EmptyCache() error {
 // CUDA's stream-ordered pool does at synchronisation points.
 func (a *Allocator) Synchronize(stream backend.Stream) error {
 	a.mu.Lock()
-	defer a.mu.Unlock()
+	defer a.unlock()
 	if a.closed {
 		return ErrClosed
 	}

@@ -97,7 +97,7 @@ var errNoDeviceSync = errors.New("vmmalloc: the driver cannot synchronize the de
 // with the allocator and a later EmptyCache retries.
 func (a *Allocator) ReleaseStream(s backend.Stream) error {
 	a.mu.Lock()
-	defer a.mu.Unlock()
+	defer a.unlock()
 	if a.closed {
 		return ErrClosed
 	}
