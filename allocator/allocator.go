@@ -61,6 +61,9 @@ type Allocator struct {
 	counters  segment.Counters  // driver-call figures shared by segments; mu
 	scratch   []arena.BlockID   // reusable slice for release walks; mu
 	hist      *history          // memory history (history.go); nil when off; mu
+	// exported are the handles shared with other processes (ShareSpans),
+	// mapped or held by their exporters only (exported.go); mu.
+	exported map[backend.Handle]*exportedHandle
 
 	zombies        []*zombie        // dropped segments still holding driver state; mu
 	scratchEvents  []pendingEvent   // reusable slice for insertEvents; mu
@@ -782,6 +785,7 @@ func (a *Allocator) statsLocked() stats.DeviceStats {
 	s.HandlesReused = a.counters.HandlesReused
 	s.NumStreamSyncs = a.counters.StreamSyncs
 	s.StrandedBytes = int64(a.strandedBytes())
+	s.ExportedHandles, s.ExportedBytes, s.ExporterHeldHandles, s.ExporterHeldBytes = a.exportedTotals()
 	return s
 }
 

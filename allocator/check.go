@@ -42,6 +42,9 @@ func (a *Allocator) Check() error {
 	if err := a.check(); err != nil {
 		return err
 	}
+	if err := a.checkExported(); err != nil {
+		return err
+	}
 	if in, ok := a.drv.(backend.Introspector); ok {
 		return a.checkDriver(in)
 	}
@@ -359,6 +362,8 @@ func (a *Allocator) footprint() (reservations, mappings []Range, cachedHandles i
 // can list its state holds for this device. mu held.
 func (a *Allocator) checkDriver(in backend.Introspector) error {
 	res, maps, cached := a.footprint()
+	_, _, exporterHeld, _ := a.exportedTotals()
+	cached += int(exporterHeld) // unmapped, but exporters hold them for open exports
 	dres, dmaps, dhandles := in.LiveRanges(a.dev)
 	if len(maps) != len(dmaps) {
 		return corrupt("allocator maps %d handles, driver %d", len(maps), len(dmaps))

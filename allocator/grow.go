@@ -84,6 +84,8 @@ func (a *Allocator) allocSlow(ss *streamState, p *pool, rounded, size uint64) (a
 		Reserved:  uint64(a.st.ReservedBytes[0].Current),
 		Stranded:  a.strandedBytes(),
 	}
+	_, _, held, heldBytes := a.exportedTotals()
+	oom.ExporterHeld, oom.ExporterHeldHandles = uint64(heldBytes), int(held)
 	if a.allowed < a.total {
 		oom.Allowed = a.allowed
 	}
@@ -156,7 +158,7 @@ func (a *Allocator) growClassic(ss *streamState, p *pool, rounded uint64) (arena
 		return arena.NoBlock, backend.Errorf(backend.OpCreate, backend.ErrOutOfMemory, "", "per_process_memory_fraction cap %d bytes reached", a.allowed)
 	}
 	s, err := segment.NewClassicConfig(a.drv, size, segment.Config{
-		Device: a.dev, Prop: backend.DeviceProp(a.dev), Counters: &a.counters,
+		Device: a.dev, Prop: backend.DeviceProp(a.dev), Counters: &a.counters, Unmapped: a.handleUnmapped,
 	})
 	if err != nil {
 		if s != nil { // rollback incomplete: keep it to destroy later
@@ -231,6 +233,7 @@ func (a *Allocator) growExpandable(ss *streamState, p *pool, rounded uint64) (ar
 		s, err := segment.New(a.drv, segment.Config{
 			Device: a.dev, Prop: backend.DeviceProp(a.dev), PageSize: p.pageSize, Cut: segment.CutFromStart,
 			VASize: max(p.vaSize, roundUp(mapLen, p.pageSize)), Cache: p.cache, Counters: &a.counters,
+			Unmapped: a.handleUnmapped,
 		})
 		if err != nil {
 			if errors.Is(err, backend.ErrOutOfMemory) {

@@ -214,7 +214,7 @@ func (a *Allocator) releaseAll() error {
 	if qerr := a.quiesce(); qerr != nil && !errors.Is(qerr, errNoDeviceSync) {
 		err = errors.Join(err, qerr)
 	}
-	return errors.Join(err, a.trimCaches(), a.sweepSegments(), a.destroyZombies())
+	return errors.Join(err, a.trimCaches(), a.sweepSegments(), a.destroyZombies(), a.releaseExported())
 }
 
 // releaseUntil releases free memory, stream by stream, until reserved bytes

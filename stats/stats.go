@@ -208,6 +208,14 @@ type DeviceStats struct {
 	HandlesReused     int64 // physical handles taken from the handle cache
 	MaxSplitSize      int64 // configured max_split_size in bytes; 0 = unlimited
 	StrandedBytes     int64 // of reserved bytes, those held for streams destroyed without ReleaseStream until a device synchronize shows them idle
+	// Physical handles shared with other processes (allocator/ipc), while
+	// the allocator maps them or an exporter still holds them, and their
+	// bytes; of those, the ones the allocator has unmapped (not in
+	// ReservedBytes) that exporters hold for open exports. Gauges.
+	ExportedHandles     int64
+	ExportedBytes       int64
+	ExporterHeldHandles int64
+	ExporterHeldBytes   int64
 }
 
 // ResetPeak resets every peak to its current value

@@ -112,6 +112,7 @@ func Summary(d *DeviceStats, device int, abbreviated bool) string {
 		{"Handles created", itoa(d.HandlesCreated), "Handles freed", itoa(d.HandlesFreed)},
 		{"Handles reused", itoa(d.HandlesReused), "Stream syncs", itoa(d.NumStreamSyncs)},
 		{"All-stream syncs", itoa(d.NumSyncAllStreams), "Max split size", maxSplit},
+		{"Exported handles", itoa(d.ExportedHandles), "Held by exporters", formatBytes(d.ExporterHeldBytes)},
 	}
 	for _, p := range pairs {
 		fmt.Fprintf(&b, "| %-*s | %*s | %-*s | %*s |\n",
