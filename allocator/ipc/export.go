@@ -10,7 +10,9 @@ import (
 	"github.com/vmmalloc/vmmalloc/backend"
 )
 
-// ErrClosed is returned by calls on a closed Exporter or Export.
+// ErrClosed is wrapped by the error of every call, other than Close, on a
+// closed Exporter, Export or Server. Close itself is idempotent on all of
+// them and on Mapping.
 var ErrClosed = errors.New("ipc: closed")
 
 // ExportOptions control who may import an export.

@@ -168,3 +168,9 @@ func TestSyncPeer(t *testing.T) {
 	}
 	require.NoError(t, d.StreamDestroy(s))
 }
+
+// BenchmarkWeightSyncCUDADouble: steps of 256 MiB over the cuda binding
+// and its C test double, the importer a second binding of this process.
+func BenchmarkWeightSyncCUDADouble(b *testing.B) {
+	benchSync(b, cudaSyncRig(b))
+}

@@ -344,3 +344,33 @@ func faultyStep(t *testing.T, r *syncRig, order stepOrder) {
 	assert.Zero(t, st.ExportedHandles+st.ExporterHeldBytes, "%+v", st)
 	assert.Zero(t, r.used())
 }
+
+// benchSync runs one weight-sync step per iteration, alternating the two
+// orders, and reports the most device memory the driver counted during
+// any step, in bytes and in weight copies (the bound is 2).
+func benchSync(b *testing.B, r *syncRig) {
+	b.ReportAllocs()
+	var peak uint64
+	i := 0
+	for b.Loop() {
+		peak = max(peak, r.step(b, i, stepOrder(i%2)))
+		i++
+	}
+	b.ReportMetric(float64(peak), "peak-device-B/step")
+	b.ReportMetric(float64(peak)/float64(r.alloc), "peak-copies/step")
+}
+
+// BenchmarkWeightSyncEmulated: steps of 256 MiB over the emulator (real
+// memory), importer in another emulated process.
+func BenchmarkWeightSyncEmulated(b *testing.B) {
+	for _, c := range syncConfigs {
+		b.Run(c.name, func(b *testing.B) {
+			e, err := emulated.New(emulated.WithRealMemory(), emulated.WithCapacity(2<<30))
+			require.NoError(b, err)
+			defer e.Close()
+			imp, err := e.Process(2000)
+			require.NoError(b, err)
+			benchSync(b, emulatedRig(b, e, imp, c.conf))
+		})
+	}
+}
