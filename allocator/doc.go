@@ -276,7 +276,10 @@
 // releasing stream or a block being freed (Check reports any left); a
 // growth in flight and a Malloc waiting for one count as waits there.
 //
-// Lock order: Allocator.mu, then the driver's locks. segment.Segment and
+// Lock order: Allocator.mu, then the driver's locks. An exporter's lock
+// (ShareHolder, exported.go: allocator/ipc's Exporter) comes after mu: the
+// allocator tells it of exported handles it unmaps with mu held, and it
+// never calls the allocator holding its own. segment.Segment and
 // segment.HandleCache have no lock of their own: mu guards them, and the
 // only driver calls made on their behalf without mu are those of
 // MapOp.Run and UnmapOp.Run, which touch no state of theirs.
