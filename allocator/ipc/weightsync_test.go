@@ -2,6 +2,7 @@ package ipc_test
 
 import (
 	"bytes"
+	"errors"
 	"fmt"
 	"testing"
 
@@ -373,4 +374,164 @@ func BenchmarkWeightSyncEmulated(b *testing.B) {
 			benchSync(b, emulatedRig(b, e, imp, c.conf))
 		})
 	}
+}
+
+// TestOOMLadderReleasesExporterHeld: a handle whose exporter reference
+// could not be freed when the allocator unmapped it stays held and
+// counted; the OOM ladder asks the exporter again, so a Malloc that needs
+// that memory succeeds instead of failing.
+func TestOOMLadderReleasesExporterHeld(t *testing.T) {
+	e, err := emulated.New(emulated.WithCapacity(1 << 30))
+	require.NoError(t, err)
+	defer e.Close()
+	imp, err := e.Process(2000)
+	require.NoError(t, err)
+	// Synchronize releases the free memory (release_threshold_mb:0)
+	// without asking exporters again, as EmptyCache would.
+	r := emulatedRig(t, e, imp, "release_threshold_mb:0")
+	p, err := r.a.Malloc(768<<20, r.s)
+	require.NoError(t, err)
+	x, err := r.x.Export(p, ipc.ExportOptions{Pids: r.pids})
+	require.NoError(t, err)
+	require.NoError(t, x.Close())
+	require.NoError(t, r.a.Free(p))
+	require.NoError(t, e.FailNth(backend.OpFree, 1, backend.ErrUnavailable)) // the Exporter's first free
+	require.NoError(t, r.a.Synchronize(r.s))
+	require.Equal(t, int64(1), e.Failures(backend.OpFree))
+	require.Zero(t, r.a.MemoryReserved())
+	st := r.a.Stats()
+	require.Equal(t, int64(64<<20), st.ExporterHeldBytes, "the handle whose free failed stays held, counted")
+	require.Equal(t, 1, r.x.Exported())
+	require.NoError(t, r.a.Check())
+
+	q, err := r.a.Malloc(1<<30, r.s)
+	require.NoError(t, err, "the ladder got the held handle back")
+	assert.Zero(t, r.x.Exported())
+	assert.Zero(t, r.a.Stats().ExporterHeldBytes)
+	assert.Equal(t, int64(1), r.a.Stats().NumAllocRetries)
+	require.NoError(t, r.a.Free(q))
+	require.NoError(t, r.a.Check())
+}
+
+// TestAllocatorCloseWithOpenExport closes the allocator while an Export
+// is open and a peer maps it: the memory lives on for both; closing the
+// Export frees the exporter's reference (ReleaseShared works after the
+// allocator's Close), and the peer's Close frees the memory.
+func TestAllocatorCloseWithOpenExport(t *testing.T) {
+	w := newWorld(t)
+	p, err := w.a.Malloc(7<<20, w.s)
+	require.NoError(t, err)
+	require.NoError(t, w.e.CopyHtoD(p, []byte("kept"), w.s))
+	x, err := w.x.Export(p, ipc.ExportOptions{Pids: []int32{2000}})
+	require.NoError(t, err)
+	m, err := ipc.Import(w.b, x.Descriptor, 0)
+	require.NoError(t, err)
+	require.NoError(t, w.a.Close())
+	assert.Equal(t, 4, w.x.Exported(), "the open Export holds the handles")
+	assert.Equal(t, 4, w.e.Live().Handles)
+
+	require.NoError(t, x.Close())
+	assert.Zero(t, w.x.Exported())
+	assert.Zero(t, w.e.Live().Handles, "the exporting process holds nothing")
+	sb, err := w.b.StreamCreate(0)
+	require.NoError(t, err)
+	got := make([]byte, 4)
+	require.NoError(t, w.b.CopyDtoH(got, m.Ptr, sb))
+	assert.Equal(t, "kept", string(got), "the peer's mapping keeps the memory (R3)")
+	require.NoError(t, w.b.StreamDestroy(sb))
+	require.NoError(t, m.Close())
+	w.done(t)
+}
+
+// TestExportConcurrent runs weight-sync steps of small allocations, which
+// share handles, from several goroutines on one Exporter while another
+// empties the cache, each goroutine with its own importer process: no
+// deadlock between the allocator's and the Exporter's locks, every import
+// reads its own bytes, and everything goes back at the end.
+func TestExportConcurrent(t *testing.T) {
+	w := newWorld(t)
+	const workers, steps = 4, 200
+	errs := make(chan error, workers+1)
+	stop := make(chan struct{})
+	go func() {
+		for {
+			select {
+			case <-stop:
+				errs <- nil
+				return
+			default:
+			}
+			if err := w.a.EmptyCache(); err != nil {
+				errs <- err
+				return
+			}
+		}
+	}()
+	for g := 0; g < workers; g++ {
+		go func(g int) {
+			errs <- func() error {
+				imp, err := w.e.Process(int32(4000 + g))
+				if err != nil {
+					return err
+				}
+				s, err := w.e.StreamCreate(0)
+				if err != nil {
+					return err
+				}
+				is, err := imp.StreamCreate(0)
+				if err != nil {
+					return err
+				}
+				got := make([]byte, 8)
+				for i := 0; i < steps; i++ {
+					p, err := w.a.Malloc(uint64(64<<10*(1+i%4)), s)
+					if err != nil {
+						return err
+					}
+					want := []byte(fmt.Sprintf("g%d s%04d", g, i))[:8]
+					if err := w.e.CopyHtoD(p, want, s); err != nil {
+						return err
+					}
+					x, err := w.x.Export(p, ipc.ExportOptions{DisablePidValidation: true})
+					if err != nil {
+						return fmt.Errorf("export: %w", err)
+					}
+					m, err := ipc.Import(imp, x.Descriptor, 0)
+					if err != nil {
+						return fmt.Errorf("import: %w", err)
+					}
+					if err := imp.CopyDtoH(got, m.Ptr, is); err != nil {
+						return err
+					}
+					if !bytes.Equal(want, got) {
+						return fmt.Errorf("worker %d step %d read %q", g, i, got)
+					}
+					if err := m.Close(); err != nil {
+						return err
+					}
+					if i%2 == 0 {
+						err = errors.Join(x.Close(), w.a.Free(p))
+					} else {
+						err = errors.Join(w.a.Free(p), x.Close())
+					}
+					if err != nil {
+						return err
+					}
+				}
+				return errors.Join(imp.StreamDestroy(is), w.e.StreamDestroy(s))
+			}()
+		}(g)
+	}
+	for g := 0; g < workers; g++ {
+		require.NoError(t, <-errs)
+	}
+	close(stop)
+	require.NoError(t, <-errs)
+	require.NoError(t, w.a.Check())
+	require.NoError(t, w.a.EmptyCache())
+	assert.Zero(t, w.x.Exported())
+	st := w.a.Stats()
+	assert.Zero(t, st.ExportedHandles+st.ExporterHeldBytes, "%+v", st)
+	require.NoError(t, w.a.Check())
+	w.done(t)
 }
