@@ -27,9 +27,13 @@ var ErrCorrupt = errors.New("vmmalloc: invariant violated")
 //     the streams with queued events, and each stream's active count its
 //     allocated and pending-free blocks;
 //   - the statistics equal a recount;
+//   - every handle registered as exported (ShareSpans) and mapped is
+//     mapped by a segment at its size, and none held only by its
+//     exporter is;
 //   - when the driver can list its state (backend.Introspector, as the
 //     emulated driver can), its reservations, this device's mappings and
-//     handles equal the allocator's own view.
+//     handles equal the allocator's own view (handles held only by
+//     exporters included).
 //
 // It walks everything: use it in tests, not on a hot path.
 func (a *Allocator) Check() error {

@@ -57,24 +57,24 @@
 // Mapping is open). The driver frees the memory when the last lets go
 // (R3, R17). A handle's life on the exporting side:
 //
-//	              allocator maps h (created, or taken from its HandleCache)
-//	                               │ Exporter.Export (ShareSpans registers h:
-//	                               │ never cached again; RetainHandle; driver Export)
-//	                               ▼
-//	     ┌──────────── mapped, exported; Exporter holds h + shareable ◀──┐
-//	     │ allocator unmaps h        │ Export.Close          another Export of
-//	     │ (Free, then EmptyCache,   │ (exports → 0)         memory in h reuses
-//	     │ a release, the OOM        ▼                       the shareable (R15)
-//	     │ ladder, Close)      mapped, exported, no open Export ───────────┘
-//	     │                           │ allocator unmaps h: ReleaseUnmapped
-//	     ▼                           ▼
-//	 held by the exporter     Exporter frees its reference at once
-//	 (exports > 0: counted    (FreePhysical); the allocator frees its own,
-//	 in ExporterHeldBytes,    never caches h ─────────────┐
-//	 OutOfMemoryError)                                    ▼
-//	     │ last Export.Close (ReleaseShared)     no reference on this side:
-//	     └──────────────────────────────────────▶ the driver frees the memory
-//	                                              once no importer maps it (R3)
+//	             allocator maps h (created, or taken from its HandleCache)
+//	                              │ Exporter.Export (ShareSpans registers h:
+//	                              │ never cached again; RetainHandle; driver Export)
+//	                              ▼
+//	    ┌──────────── mapped, exported; Exporter holds h + shareable ◀──┐
+//	    │ allocator unmaps h        │ Export.Close          another Export of
+//	    │ (Free, then EmptyCache,   │ (exports → 0)         memory in h reuses
+//	    │ a release, the OOM        ▼                       the shareable (R15)
+//	    │ ladder, Close)      mapped, exported, no open Export ───────────┘
+//	    │                           │ allocator unmaps h: ReleaseUnmapped
+//	    ▼                           ▼
+//	held by the exporter     Exporter frees its reference at once
+//	(exports > 0: counted    (FreePhysical); the allocator frees its own,
+//	in ExporterHeldBytes,    never caches h ─────────────┐
+//	OutOfMemoryError)                                    ▼
+//	    │ last Export.Close (ReleaseShared)     no reference on this side:
+//	    └──────────────────────────────────────▶ the driver frees the memory
+//	                                             once no importer maps it (R3)
 //
 // So the memory of an allocation goes back to the driver once no open
 // Export names its handles, the allocator has unmapped them and no
