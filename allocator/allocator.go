@@ -74,6 +74,8 @@ type Allocator struct {
 	growSeq      uint64
 	mappingBytes uint64
 	grown        sync.Cond
+
+	owned ownedSet // live owned Buffers (owned.go); its own lock, never taken under mu
 }
 
 // streamState is the per-stream part of the allocator. The allocator's
@@ -188,6 +190,7 @@ func New(drv backend.Driver, cfg Config) (*Allocator, error) {
 		vanished: make(map[backend.Stream]*streamState),
 	}
 	a.quiet.L = &a.mu
+	a.owned.init(&a.mu)
 	a.maxBlock = maxBlockSize(gran, cfg.SmallSegmentSize, cfg.LargeSegmentSize)
 	a.grown.L = &a.mu
 	a.plainRound = true
@@ -782,6 +785,8 @@ func (a *Allocator) statsLocked() stats.DeviceStats {
 	s.HandlesReused = a.counters.HandlesReused
 	s.NumStreamSyncs = a.counters.StreamSyncs
 	s.StrandedBytes = int64(a.strandedBytes())
+	s.OwnedBytes = int64(a.owned.bytes.Load())
+	s.OwnedReclaimedBytes = int64(a.owned.cleaned.Load() - a.owned.cleanedBase.Load())
 	return s
 }
 
@@ -798,6 +803,7 @@ func (a *Allocator) ResetAccumulatedStats() {
 	defer a.mu.Unlock()
 	a.st.ResetAccumulated()
 	a.counters = segment.Counters{}
+	a.owned.cleanedBase.Store(a.owned.cleaned.Load())
 }
 
 // Summary is a memory_summary()-style table of the statistics.

@@ -34,6 +34,8 @@ type OutOfMemoryError struct {
 	Allocated   uint64 // bytes in allocated blocks
 	Reserved    uint64 // bytes mapped by this allocator
 	Stranded    uint64 // of Reserved, bytes held for streams destroyed without ReleaseStream (see ReleaseStream)
+	Owned       uint64 // nbytes requested by owned Buffers not yet freed (NewBuffer)
+	OwnedGC     bool   // the ladder collected unreachable Buffers first (owned_buffer_gc)
 	Cause       error  // the driver error or address-space exhaustion, if any
 	AddrSpaceVA bool   // true when the address-space budget, not memory, ran out
 }
@@ -48,6 +50,12 @@ func (e *OutOfMemoryError) Error() string {
 		humanize.IBytes(e.Allocated), humanize.IBytes(e.Reserved-e.Allocated))
 	if e.Stranded != 0 {
 		s += fmt.Sprintf(" %s is stranded on streams destroyed without ReleaseStream.", humanize.IBytes(e.Stranded))
+	}
+	switch {
+	case e.Owned != 0 && e.OwnedGC:
+		s += fmt.Sprintf(" %s is still held by owned buffers after a garbage collection (reachable, or dropped since).", humanize.IBytes(e.Owned))
+	case e.Owned != 0:
+		s += fmt.Sprintf(" %s is held by owned buffers not yet freed, collectable by the garbage collector once unreachable (owned_buffer_gc is off).", humanize.IBytes(e.Owned))
 	}
 	if e.AddrSpaceVA {
 		s += " The virtual address budget (max_segments_per_pool) is exhausted."
