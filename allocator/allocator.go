@@ -77,6 +77,8 @@ type Allocator struct {
 	growSeq      uint64
 	mappingBytes uint64
 	grown        sync.Cond
+
+	owned ownedSet // live owned Buffers (owned.go); its own lock, never taken under mu
 }
 
 // streamState is the per-stream part of the allocator. The allocator's
@@ -191,6 +193,7 @@ func New(drv backend.Driver, cfg Config) (*Allocator, error) {
 		vanished: make(map[backend.Stream]*streamState),
 	}
 	a.quiet.L = &a.mu
+	a.owned.init(&a.mu)
 	a.maxBlock = maxBlockSize(gran, cfg.SmallSegmentSize, cfg.LargeSegmentSize)
 	a.grown.L = &a.mu
 	a.plainRound = true
@@ -786,6 +789,8 @@ func (a *Allocator) statsLocked() stats.DeviceStats {
 	s.NumStreamSyncs = a.counters.StreamSyncs
 	s.StrandedBytes = int64(a.strandedBytes())
 	s.ExportedHandles, s.ExportedBytes, s.ExporterHeldHandles, s.ExporterHeldBytes = a.exportedTotals()
+	s.OwnedBytes = int64(a.owned.bytes.Load())
+	s.OwnedReclaimedBytes = int64(a.owned.cleaned.Load() - a.owned.cleanedBase.Load())
 	return s
 }
 
@@ -802,6 +807,7 @@ func (a *Allocator) ResetAccumulatedStats() {
 	defer a.mu.Unlock()
 	a.st.ResetAccumulated()
 	a.counters = segment.Counters{}
+	a.owned.cleanedBase.Store(a.owned.cleaned.Load())
 }
 
 // Summary is a memory_summary()-style table of the statistics.

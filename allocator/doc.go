@@ -71,6 +71,10 @@
 // per_process_memory_fraction cap, or the address-space budget), Malloc
 //  1. frees the cached physical handles (unmapped but not yet freed) and
 //     retries;
+//     Then, if owned Buffers (NewBuffer) hold memory and owned_buffer_gc
+//     is on, runs a garbage collection, waits with mu dropped for the
+//     cleanups of the Buffers it found unreachable (they Free), and
+//     retries; Mallocs that would grow meanwhile wait for it (owned.go);
 //  2. waits for every pending stream event (freeing the blocks waiting on
 //     them), unmaps every free handle of every stream (synchronising each
 //     such stream once; interior handles of free blocks too), releases empty

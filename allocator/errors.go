@@ -40,8 +40,10 @@ type OutOfMemoryError struct {
 	// process uses that only closing those exports gives back.
 	ExporterHeld        uint64
 	ExporterHeldHandles int
-	Cause               error // the driver error or address-space exhaustion, if any
-	AddrSpaceVA         bool  // true when the address-space budget, not memory, ran out
+	Owned               uint64 // nbytes requested by owned Buffers not yet freed (NewBuffer)
+	OwnedGC             bool   // the ladder collected unreachable Buffers first (owned_buffer_gc)
+	Cause               error  // the driver error or address-space exhaustion, if any
+	AddrSpaceVA         bool   // true when the address-space budget, not memory, ran out
 }
 
 func (e *OutOfMemoryError) Error() string {
@@ -58,6 +60,12 @@ func (e *OutOfMemoryError) Error() string {
 	if e.ExporterHeld != 0 {
 		s += fmt.Sprintf(" A further %s in %d physical handles is held by IPC exporters for open exports (close them to free it).",
 			humanize.IBytes(e.ExporterHeld), e.ExporterHeldHandles)
+	}
+	switch {
+	case e.Owned != 0 && e.OwnedGC:
+		s += fmt.Sprintf(" %s is still held by owned buffers after a garbage collection (reachable, or dropped since).", humanize.IBytes(e.Owned))
+	case e.Owned != 0:
+		s += fmt.Sprintf(" %s is held by owned buffers not yet freed, collectable by the garbage collector once unreachable (owned_buffer_gc is off).", humanize.IBytes(e.Owned))
 	}
 	if e.AddrSpaceVA {
 		s += " The virtual address budget (max_segments_per_pool) is exhausted."

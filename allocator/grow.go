@@ -38,6 +38,10 @@ func (a *Allocator) allocSlow(ss *streamState, p *pool, rounded, size uint64) (a
 	if b, err := a.awaitGrowths(ss, p, rounded); b != arena.NoBlock || err != nil {
 		return b, err
 	}
+	// So may a Malloc collecting owned Buffers (owned.go); it goes first.
+	if b, err := a.awaitCollections(ss, p, rounded); b != arena.NoBlock || err != nil {
+		return b, err
+	}
 	b, err := a.grow(ss, p, rounded)
 	if err == nil || !isOOM(err) {
 		return b, err
@@ -49,6 +53,11 @@ func (a *Allocator) allocSlow(ss *streamState, p *pool, rounded, size uint64) (a
 				return b, err
 			}
 		}
+	}
+	// Rung 1½: owned Buffers the garbage collector finds unreachable
+	// (owned.go), collected with mu dropped.
+	if b, done, err := a.collectOwned(ss, p, rounded); done {
+		return b, err
 	}
 	// Rung 2: wait for every pending event, release every free handle and
 	// segment (what can be: a failure on one stream does not stop the
@@ -83,6 +92,8 @@ func (a *Allocator) allocSlow(ss *streamState, p *pool, rounded, size uint64) (a
 		Allocated: uint64(a.st.AllocatedBytes[0].Current),
 		Reserved:  uint64(a.st.ReservedBytes[0].Current),
 		Stranded:  a.strandedBytes(),
+		Owned:     a.owned.bytes.Load(),
+		OwnedGC:   a.cfg.OwnedBufferGC,
 	}
 	_, _, held, heldBytes := a.exportedTotals()
 	oom.ExporterHeld, oom.ExporterHeldHandles = uint64(heldBytes), int(held)

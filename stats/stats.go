@@ -216,6 +216,10 @@ type DeviceStats struct {
 	ExportedBytes       int64
 	ExporterHeldHandles int64
 	ExporterHeldBytes   int64
+
+	OwnedBytes          int64 // bytes requested by owned buffers not yet freed (allocator.Buffer)
+	NumOwnedCollections int64 // garbage collections the out-of-memory ladder ran for owned buffers
+	OwnedReclaimedBytes int64 // bytes of owned buffers freed by their cleanups (dropped without Free)
 }
 
 // ResetPeak resets every peak to its current value
@@ -239,6 +243,7 @@ func (d *DeviceStats) ResetAccumulated() {
 	d.NumAllocRetries, d.NumOOMs, d.NumSyncAllStreams, d.NumStreamSyncs = 0, 0, 0, 0
 	d.NumDeviceAlloc, d.NumDeviceFree = 0, 0
 	d.HandlesCreated, d.HandlesFreed, d.HandlesReused = 0, 0, 0
+	d.NumOwnedCollections, d.OwnedReclaimedBytes = 0, 0
 }
 
 func (d *DeviceStats) arrays() []*StatArray {
