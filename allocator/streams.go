@@ -42,10 +42,14 @@ import (
 //     device's work is done).
 //
 // A block freed after RecordStream on a stream that vanished would wait for
-// an event that can no longer be recorded: after a device synchronize it is
-// free at once; without one it stays pending-free (stranded) with a phantom
-// event count, so no other stream is handed memory the vanished stream may
-// still write.
+// an event that can no longer be recorded: Free does not wait for the
+// device (that would wait for every stream's unrelated work); the block
+// stays pending-free (stranded) with a phantom event count, so no other
+// stream is handed memory the vanished stream may still write, until the
+// next device synchronize the allocator makes anyway (EmptyCache, rung 2
+// of the out-of-memory ladder, Synchronize or ReleaseStream of a destroyed
+// stream, Close) frees it. The host allocator quarantines such blocks the
+// same way.
 //
 // Only streams with queued events are walked when events are polled
 // (Allocator.busy), so per-call work does not grow with the number of
@@ -225,8 +229,7 @@ func (a *Allocator) sortedBusy() []*streamState {
 // injected into a synchronisation does not make a live stream look gone.
 // mu held.
 func (a *Allocator) streamGone(s backend.Stream) bool {
-	_, err := a.drv.StreamDevice(s)
-	return err != nil && errors.Is(err, backend.ErrInvalidArgument)
+	return a.validator().Gone(s)
 }
 
 // vanish moves ss, whose stream the driver no longer knows, out of the
