@@ -19,20 +19,20 @@ type Allocator struct {
 	cfg     Config
 	classes sizeClasses
 
-	mu        sync.Mutex
-	closed    bool                            // Close was called; mu
-	blocks    map[uintptr]*block              // every block the driver gave us, by host address; mu
-	free      [][]*block                      // cached blocks per class, LIFO; mu
-	spans     *btree.BTreeG[span]             // blocks and registrations by start address; mu
-	streams   map[backend.Stream]*streamState // streams named by RecordStream; mu
-	slist     []*streamState                  // the same, in first-use order; mu
-	idle      [][]backend.Event               // recorded-and-done or never-recorded events per device; mu
-	pending   int                             // blocks in stateFreePending; mu
-	gone      int                             // streams in slist the driver no longer knows; mu
-	quarantine []*block                       // free-pending blocks whose recorded stream is gone (see the package doc); mu
-	st        Stats                           // mu
-	scratch   []pendingEvent                  // reusable buffer of insertEvents; mu
-	scratchSS []*streamState                  // the streams of scratch; mu
+	mu         sync.Mutex
+	closed     bool                            // Close was called; mu
+	blocks     map[uintptr]*block              // every block the driver gave us, by host address; mu
+	free       [][]*block                      // cached blocks per class, LIFO; mu
+	spans      *btree.BTreeG[span]             // blocks and registrations by start address; mu
+	streams    map[backend.Stream]*streamState // streams named by RecordStream; mu
+	slist      []*streamState                  // the same, in first-use order; mu
+	idle       [][]backend.Event               // recorded-and-done or never-recorded events per device; mu
+	pending    int                             // blocks in stateFreePending; mu
+	gone       int                             // streams in slist the driver no longer knows; mu
+	quarantine []*block                        // free-pending blocks whose recorded stream is gone (see the package doc); mu
+	st         Stats                           // mu
+	scratch    []pendingEvent                  // reusable buffer of insertEvents; mu
+	scratchSS  []*streamState                  // the streams of scratch; mu
 }
 
 // blockState is where a block is in its life (see the package doc).
