@@ -152,8 +152,9 @@ func (a *Allocator) EmptyCache() error {
 	return errors.Join(err, a.releaseCached(false))
 }
 
-// Close waits for the events of free-pending blocks and for the streams
-// recorded on blocks still allocated, gives every block back to the driver
+// Close waits for the events of free-pending blocks, ends the quarantine
+// (see the package doc), waits for the streams recorded on blocks still
+// allocated, gives every block back to the driver
 // (FreeHostWithDevSync, so device work still using them completes first),
 // unregisters every range registered with Register, and destroys its
 // events. Later calls return ErrClosed. If a driver call fails, Close

@@ -24,7 +24,7 @@ type Allocator struct {
 	blocks     map[uintptr]*block              // every block the driver gave us, by host address; mu
 	free       [][]*block                      // cached blocks per class, LIFO; mu
 	spans      *btree.BTreeG[span]             // blocks and registrations by start address; mu
-	streams    map[backend.Stream]*streamState // streams named by RecordStream; mu
+	streams    map[backend.Stream]*streamState // streams named by RecordStream, live when last asked; mu
 	slist      []*streamState                  // the same, in first-use order; mu
 	idle       [][]backend.Event               // recorded-and-done or never-recorded events per device; mu
 	pending    int                             // blocks in stateFreePending; mu
