@@ -23,12 +23,12 @@ import (
 // to the pool and the error is returned with b unchanged. mu held.
 func (a *Allocator) insertEvents(b *block) (quarantine bool, err error) {
 	rec := a.scratch[:0]
-	for _, u := range b.uses {
-		ss := a.streams[u] // RecordStream validated it, but it may be gone since
-		if ss == nil {
-			quarantine = true // found gone by an earlier call
+	for _, ss := range b.uses {
+		if ss.gone { // RecordStream validated it, and a later call found it gone
+			quarantine = true
 			break
 		}
+		u := ss.stream
 		ev, e := a.getEvent(ss.dev)
 		if e == nil {
 			if e = a.drv.EventRecord(ev, u); e == nil {
@@ -75,7 +75,12 @@ func (a *Allocator) insertEvents(b *block) (quarantine bool, err error) {
 // while events recorded on it before are pending (its work still runs,
 // and they complete with it). mu held.
 func (a *Allocator) forgetStream(ss *streamState) {
-	delete(a.streams, ss.stream)
+	if ss.gone {
+		return
+	}
+	if a.streams[ss.stream] == ss {
+		delete(a.streams, ss.stream)
+	}
 	ss.gone = true
 	a.gone++
 	a.dropDrainedStreams()

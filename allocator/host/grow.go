@@ -174,11 +174,14 @@ func (a *Allocator) Close() error {
 		if b.state != stateAllocated {
 			continue
 		}
-		for _, u := range b.uses {
+		for _, ss := range b.uses {
 			// No stream wait can name a destroyed stream: a MallocHost
 			// block is given back with FreeHostWithDevSync below, which
 			// waits for its work; closing vouches for OS memory's.
-			if err := a.drv.StreamSynchronize(u); err != nil && !a.sv.Gone(u) {
+			if ss.gone {
+				continue
+			}
+			if err := a.drv.StreamSynchronize(ss.stream); err != nil && !a.sv.Gone(ss.stream) {
 				errs = append(errs, err)
 			}
 		}
@@ -189,6 +192,7 @@ func (a *Allocator) Close() error {
 		a.st.AllocatedBytes.Add(-int64(b.size))
 		a.st.RequestedBytes.Add(-int64(b.req))
 		b.req = 0
+		clear(b.uses)
 		b.uses = b.uses[:0]
 		a.cache(b)
 	}

@@ -58,16 +58,20 @@ func (s blockState) String() string {
 
 // block is one pinned allocation from the driver, never split.
 type block struct {
-	ptr    uintptr          // host address
-	size   uint64           // nbytes obtained: the class size
-	class  int              // index into Allocator.free
-	req    uint64           // nbytes asked for by the current allocation; 0 unless allocated
-	state  blockState       //
-	devPtr uintptr          // device address of the block, 0 until known
-	reg    bool             // the allocator holds a HostRegister of the whole block
-	mem    []byte           // UseHostRegister: the OS mapping (nil with MallocHost)
-	uses   []backend.Stream // streams recorded on the current allocation; capacity kept for reuse
-	events int              // events still pending, while stateFreePending
+	ptr    uintptr    // host address
+	size   uint64     // nbytes obtained: the class size
+	class  int        // index into Allocator.free
+	req    uint64     // nbytes asked for by the current allocation; 0 unless allocated
+	state  blockState //
+	devPtr uintptr    // device address of the block, 0 until known
+	reg    bool       // the allocator holds a HostRegister of the whole block
+	mem    []byte     // UseHostRegister: the OS mapping (nil with MallocHost)
+	// uses are the streams recorded on the current allocation, as the
+	// states RecordStream validated: a stream found destroyed since is
+	// gone there even if the driver gave its id to a new stream.
+	// Capacity kept for reuse.
+	uses   []*streamState
+	events int // events still pending, while stateFreePending
 	// quarantined: free-pending because a stream recorded on it was
 	// destroyed; listed in Allocator.quarantine, without events.
 	quarantined bool
@@ -271,6 +275,7 @@ func (a *Allocator) Free(ptr uintptr) error {
 	a.st.AllocatedBytes.Add(-int64(b.size))
 	a.st.RequestedBytes.Add(-int64(b.req))
 	b.req = 0
+	clear(b.uses)
 	b.uses = b.uses[:0]
 	switch {
 	case quarantine:
@@ -363,15 +368,16 @@ func (a *Allocator) RecordStream(ptr uintptr, s backend.Stream) error {
 	if b == nil || b.state != stateAllocated {
 		return a.badPointer(ptr)
 	}
-	if _, err := a.stream(s); err != nil {
+	ss, err := a.stream(s)
+	if err != nil {
 		return err
 	}
 	for _, u := range b.uses {
-		if u == s {
+		if u == ss {
 			return nil
 		}
 	}
-	b.uses = append(b.uses, s)
+	b.uses = append(b.uses, ss)
 	return nil
 }
 
