@@ -391,15 +391,9 @@ func (a *Allocator) RecordStream(ptr uintptr, s backend.Stream) error {
 func (a *Allocator) stream(s backend.Stream) (*streamState, error) {
 	dev, err := a.sv.Validate(s)
 	ss, known := a.streams[s]
-	var se *backend.StreamError
 	switch {
-	case err != nil && errors.As(err, &se):
-		if known {
-			a.forgetStream(ss)
-		}
-		return nil, fmt.Errorf("%w: %w", ErrInvalidStream, err)
 	case err != nil:
-		return nil, err
+		return nil, a.refuseStream(ss, err)
 	case known && ss.dev == dev:
 		return ss, nil
 	case known:
@@ -409,6 +403,21 @@ func (a *Allocator) stream(s backend.Stream) (*streamState, error) {
 	a.streams[s] = ss
 	a.slist = append(a.slist, ss)
 	return ss, nil
+}
+
+// refuseStream returns the error for a stream the validator did not
+// accept, forgetting its state ss (nil if unknown) when the driver refused
+// the stream itself rather than failed to answer. Apart from stream, so
+// that a valid stream's check allocates nothing. mu held.
+func (a *Allocator) refuseStream(ss *streamState, err error) error {
+	var se *backend.StreamError
+	if !errors.As(err, &se) {
+		return err
+	}
+	if ss != nil {
+		a.forgetStream(ss)
+	}
+	return fmt.Errorf("%w: %w", ErrInvalidStream, err)
 }
 
 // DevicePointer returns the device address of host address p, which lies

@@ -371,3 +371,21 @@ func TestConcurrentDestroyedStreams(t *testing.T) {
 	mustCheck(t, a, e)
 	t.Logf("%d blocks quarantined, %d device synchronizes", st.Quarantined.Allocated, st.NumDeviceSyncs)
 }
+
+// TestRecordStreamAllocatesNothing: the steady state of Malloc, RecordStream
+// of a known stream (asked about again every time) and Free makes no heap
+// allocation.
+func TestRecordStreamAllocatesNothing(t *testing.T) {
+	a, e := newHost(t, "")
+	s, err := e.StreamCreate(0)
+	require.NoError(t, err)
+	cycle := func() {
+		p, err := a.Malloc(64 * kib)
+		require.NoError(t, err)
+		require.NoError(t, a.RecordStream(p, s))
+		require.NoError(t, a.Free(p))
+	}
+	cycle() // learns s, creates the event
+	assert.Zero(t, testing.AllocsPerRun(100, cycle))
+	require.NoError(t, e.StreamDestroy(s))
+}
