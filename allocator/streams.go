@@ -31,9 +31,10 @@ import (
 //     complete, no synchronisation is needed for that.
 //   - Vanished (Allocator.vanished): a stream destroyed without
 //     ReleaseStream, discovered when a driver call on it fails and the
-//     driver no longer knows it. Work queued on it before its destruction
-//     may still be in flight, so its memory is not reused or unmapped until
-//     a device-wide synchronize (backend.DeviceSynchronizer:
+//     driver no longer knows it, or when RecordStream asks the driver
+//     about it again (recheckStream, backend.StreamValidator). Work
+//     queued on it before its destruction may still be in flight, so its
+//     memory is not reused or unmapped until a device-wide synchronize (backend.DeviceSynchronizer:
 //     cuCtxSynchronize, aclrtSynchronizeDevice) proves it complete; then it
 //     moves to the idle owner like a released stream. A driver without that
 //     capability leaves it stranded: counted in DeviceStats.StrandedBytes

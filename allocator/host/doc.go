@@ -105,8 +105,10 @@
 //     device (backend.DeviceSynchronizer), they synchronize every device
 //     once (Stats.NumDeviceSyncs) and cache the blocks; otherwise they
 //     give MallocHost blocks back with FreeHostWithDevSync, which waits for
-//     the device work that uses them. These are the only device-wide waits
-//     the allocator makes, and it makes none while nothing is quarantined.
+//     the device work that uses them. Besides Close, which gives every
+//     block back with FreeHostWithDevSync, these are the only device-wide
+//     waits the allocator makes, and EmptyCache and Malloc make none while
+//     nothing is quarantined.
 //   - Blocks of OS memory (pinned_use_host_register) have no such call
 //     without a DeviceSynchronizer: they stay quarantined until Close,
 //     which releases them without waiting.
