@@ -365,16 +365,10 @@ func (a *Allocator) stream(s backend.Stream) (*streamState, error) {
 		if s >= minInternalStream {
 			return nil, fmt.Errorf("%w: stream %d", ErrInvalidStream, s)
 		}
-		dev, err := a.drv.StreamDevice(s)
-		if err != nil {
-			if _, gone := a.vanished[s]; gone {
-				return nil, fmt.Errorf("%w: stream %d was destroyed", ErrInvalidStream, s)
-			}
-			return nil, fmt.Errorf("%w: stream %d: %w", ErrInvalidStream, s, err)
+		if _, err := a.validator().Validate(s); err != nil {
+			return nil, invalidStream(err)
 		}
-		if dev != a.dev {
-			return nil, fmt.Errorf("%w: stream %d belongs to device %d, not %d", ErrInvalidStream, s, dev, a.dev)
-		}
+		var err error
 		if old, gone := a.vanished[s]; gone {
 			// The driver handed a destroyed stream's id to a new stream
 			// (CUDA and ACL ids are pointers, and are reused).
@@ -738,7 +732,10 @@ func (a *Allocator) freeBlockPeek(b arena.BlockID, info arena.Peek) error {
 
 // RecordStream marks ptr as used by work on stream s: when ptr is freed, its
 // memory is reused only after that work completes. Recording the block's
-// own allocation stream is a no-op.
+// own allocation stream is a no-op. A stream the allocator already knows is
+// asked about again (StreamDevice, a lookup that waits for nothing), so one
+// destroyed since is refused with ErrInvalidStream, as one it never saw is
+// and as the host allocator refuses it (see backend.StreamValidator).
 func (a *Allocator) RecordStream(ptr uintptr, s backend.Stream) error {
 	a.mu.Lock()
 	defer a.mu.Unlock()
@@ -755,9 +752,15 @@ func (a *Allocator) RecordStream(ptr uintptr, s backend.Stream) error {
 	if a.freeing[b] {
 		return fmt.Errorf("%w: %#x is being freed by another call", ErrDoubleFree, ptr)
 	}
+	known := a.knownStream(s)
 	ss, err := a.stream(s)
 	if err != nil {
 		return err
+	}
+	if known {
+		if err := a.recheckStream(ss); err != nil {
+			return err
+		}
 	}
 	if ss.sid == a.heap.StreamOf(b) {
 		return nil

@@ -102,10 +102,18 @@
 // and forgets it; call it before destroying a stream. Memory still
 // allocated on a released stream is relabelled to an internal idle owner
 // and returned as it is freed. A stream destroyed without ReleaseStream is
-// noticed when a driver call on it fails; its memory is reused or unmapped
-// only after a device-wide synchronize (backend.DeviceSynchronizer) shows
-// its work complete, and is counted as stranded (DeviceStats.StrandedBytes,
-// OutOfMemoryError.Stranded) where the driver cannot do one. Events are
+// noticed when a driver call on it fails, or when RecordStream asks the
+// driver about it again (backend.StreamValidator, shared with the host
+// allocator; Malloc trusts a stream it knows, so that its cache hit asks
+// the driver nothing); its memory, and a block
+// recorded on it and freed since, is counted as stranded
+// (DeviceStats.StrandedBytes, OutOfMemoryError.Stranded) and reused or
+// unmapped only after a device-wide synchronize
+// (backend.DeviceSynchronizer) shows its work complete: the one that
+// EmptyCache, rung 2 of the out-of-memory ladder, Synchronize or
+// ReleaseStream of the destroyed stream, or Close makes; Free never makes
+// one. Where the driver cannot synchronize a device it stays stranded until
+// Close. Events are
 // polled only on streams that have some queued, so the work per call does
 // not grow with the streams ever used. streams.go has the details.
 //
