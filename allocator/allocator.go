@@ -60,6 +60,9 @@ type Allocator struct {
 	counters  segment.Counters  // driver-call figures shared by segments; mu
 	scratch   []arena.BlockID   // reusable slice for release walks; mu
 	hist      *history          // memory history (history.go); nil when off; mu
+	// exported are the handles shared with other processes (ShareSpans),
+	// mapped or held by their exporters only (exported.go); mu.
+	exported map[backend.Handle]*exportedHandle
 
 	zombies        []*zombie        // dropped segments still holding driver state; mu
 	scratchEvents  []pendingEvent   // reusable slice for insertEvents; mu
@@ -96,6 +99,8 @@ type Allocator struct {
 	// them returns; queuedBytes their nbytes. mu.
 	unmapQueue  []unmapEntry
 	queuedBytes uint64
+
+	owned ownedSet // live owned Buffers (owned.go); its own lock, never taken under mu
 }
 
 // streamState is the per-stream part of the allocator. The allocator's
@@ -240,6 +245,7 @@ func New(drv backend.Driver, cfg Config) (*Allocator, error) {
 		vanished: make(map[backend.Stream]*streamState),
 	}
 	a.quiet.L = &a.mu
+	a.owned.init(&a.mu)
 	a.maxBlock = maxBlockSize(gran, cfg.SmallSegmentSize, cfg.LargeSegmentSize)
 	a.grown.L = &a.mu
 	a.plainRound = true
@@ -408,16 +414,10 @@ func (a *Allocator) stream(s backend.Stream) (*streamState, error) {
 		if s >= minInternalStream {
 			return nil, fmt.Errorf("%w: stream %d", ErrInvalidStream, s)
 		}
-		dev, err := a.drv.StreamDevice(s)
-		if err != nil {
-			if _, gone := a.vanished[s]; gone {
-				return nil, fmt.Errorf("%w: stream %d was destroyed", ErrInvalidStream, s)
-			}
-			return nil, fmt.Errorf("%w: stream %d: %w", ErrInvalidStream, s, err)
+		if _, err := a.validator().Validate(s); err != nil {
+			return nil, invalidStream(err)
 		}
-		if dev != a.dev {
-			return nil, fmt.Errorf("%w: stream %d belongs to device %d, not %d", ErrInvalidStream, s, dev, a.dev)
-		}
+		var err error
 		if old, gone := a.vanished[s]; gone {
 			// The driver handed a destroyed stream's id to a new stream
 			// (CUDA and ACL ids are pointers, and are reused).
@@ -801,7 +801,10 @@ func (a *Allocator) freeBlockPeek(b arena.BlockID, info arena.Peek) error {
 
 // RecordStream marks ptr as used by work on stream s: when ptr is freed, its
 // memory is reused only after that work completes. Recording the block's
-// own allocation stream is a no-op.
+// own allocation stream is a no-op. A stream the allocator already knows is
+// asked about again (StreamDevice, a lookup that waits for nothing), so one
+// destroyed since is refused with ErrInvalidStream, as one it never saw is
+// and as the host allocator refuses it (see backend.StreamValidator).
 func (a *Allocator) RecordStream(ptr uintptr, s backend.Stream) error {
 	a.mu.Lock()
 	defer a.unlock()
@@ -818,9 +821,15 @@ func (a *Allocator) RecordStream(ptr uintptr, s backend.Stream) error {
 	if a.freeing[b] {
 		return fmt.Errorf("%w: %#x is being freed by another call", ErrDoubleFree, ptr)
 	}
+	known := a.knownStream(s)
 	ss, err := a.stream(s)
 	if err != nil {
 		return err
+	}
+	if known {
+		if err := a.recheckStream(ss); err != nil {
+			return err
+		}
 	}
 	if owner := a.states[a.heap.StreamOf(b)]; owner.primary == ss {
 		return nil // the block's own stream
@@ -851,6 +860,9 @@ func (a *Allocator) statsLocked() stats.DeviceStats {
 	s.HandlesReused = a.counters.HandlesReused
 	s.NumStreamSyncs = a.counters.StreamSyncs
 	s.StrandedBytes = int64(a.strandedBytes())
+	s.ExportedHandles, s.ExportedBytes, s.ExporterHeldHandles, s.ExporterHeldBytes = a.exportedTotals()
+	s.OwnedBytes = int64(a.owned.bytes.Load())
+	s.OwnedReclaimedBytes = int64(a.owned.cleaned.Load() - a.owned.cleanedBase.Load())
 	return s
 }
 
@@ -878,6 +890,7 @@ func (a *Allocator) ResetAccumulatedStats() {
 		}
 	}
 	a.counters = segment.Counters{}
+	a.owned.cleanedBase.Store(a.owned.cleaned.Load())
 }
 
 // Summary is a memory_summary()-style table of the statistics.

@@ -27,9 +27,13 @@ var ErrCorrupt = errors.New("vmmalloc: invariant violated")
 //     the streams with queued events, and each stream's active count its
 //     allocated and pending-free blocks;
 //   - the statistics equal a recount;
+//   - every handle registered as exported (ShareSpans) and mapped is
+//     mapped by a segment at its size, and none held only by its
+//     exporter is;
 //   - when the driver can list its state (backend.Introspector, as the
 //     emulated driver can), its reservations, this device's mappings and
-//     handles equal the allocator's own view.
+//     handles equal the allocator's own view (handles held only by
+//     exporters included).
 //
 // It walks everything: use it in tests, not on a hot path.
 func (a *Allocator) Check() error {
@@ -40,6 +44,9 @@ func (a *Allocator) Check() error {
 		return ErrClosed
 	}
 	if err := a.check(); err != nil {
+		return err
+	}
+	if err := a.checkExported(); err != nil {
 		return err
 	}
 	if in, ok := a.drv.(backend.Introspector); ok {
@@ -483,6 +490,8 @@ func (a *Allocator) footprint() (reservations, mappings []Range, cachedHandles i
 // can list its state holds for this device. mu held.
 func (a *Allocator) checkDriver(in backend.Introspector) error {
 	res, maps, cached := a.footprint()
+	_, _, exporterHeld, _ := a.exportedTotals()
+	cached += int(exporterHeld) // unmapped, but exporters hold them for open exports
 	dres, dmaps, dhandles := in.LiveRanges(a.dev)
 	if len(maps) != len(dmaps) {
 		return corrupt("allocator maps %d handles, driver %d", len(maps), len(dmaps))

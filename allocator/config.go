@@ -90,6 +90,12 @@ type Config struct {
 	// 2 × MaxSegmentsPerPool × 9/8 × device memory, whatever the number of
 	// streams. Key: max_segments_per_pool.
 	MaxSegmentsPerPool int
+	// OwnedBufferGC: when owned Buffers (NewBuffer) hold memory, the
+	// out-of-memory ladder runs a garbage collection, waits for the
+	// cleanups of the Buffers it found unreachable, and retries before it
+	// releases the cache and reports out of memory (owned.go). Default
+	// true. Key: owned_buffer_gc, True or False.
+	OwnedBufferGC bool
 	// Backend names the driver a program should open (backend/drivers):
 	// "native", PyTorch's value and the default, leaves the choice to the
 	// program (the CLI opens the emulator); "emulated", "cuda" or "acl"
@@ -114,6 +120,7 @@ func DefaultConfig() Config {
 		HandleCacheSize:          256 * mib,
 		MaxSegmentsPerPool:       2,
 		DefragThreshold:          0.01,
+		OwnedBufferGC:            true,
 		Backend:                  "native",
 	}
 }
@@ -270,6 +277,15 @@ func (c *Config) set(k, v string) error {
 			return badValue(k, v, "want 1..64")
 		}
 		c.MaxSegmentsPerPool = n
+	case "owned_buffer_gc":
+		switch strings.ToLower(v) {
+		case "true", "1":
+			c.OwnedBufferGC = true
+		case "false", "0":
+			c.OwnedBufferGC = false
+		default:
+			return badValue(k, v, "want True or False")
+		}
 	case "roundup_power2_divisions":
 		return c.setRoundup(k, v)
 	case "backend":
@@ -403,6 +419,9 @@ func (c Config) String() string {
 		b.WriteString(",defrag_threshold:off")
 	} else {
 		fmt.Fprintf(b, ",defrag_threshold:%g", c.DefragThreshold)
+	}
+	if !c.OwnedBufferGC {
+		b.WriteString(",owned_buffer_gc:False")
 	}
 	if c.Backend != "" && c.Backend != "native" {
 		fmt.Fprintf(b, ",backend:%s", c.Backend)

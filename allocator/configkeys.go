@@ -18,6 +18,7 @@ var configKeys = []string{
 	"handle_cache_mb",
 	"defrag_threshold",
 	"max_segments_per_pool",
+	"owned_buffer_gc",
 	"backend",
 }
 

@@ -71,6 +71,10 @@
 // per_process_memory_fraction cap, or the address-space budget), Malloc
 //  1. frees the cached physical handles (unmapped but not yet freed) and
 //     retries;
+//     Then, if owned Buffers (NewBuffer) hold memory and owned_buffer_gc
+//     is on, runs a garbage collection, waits with mu dropped for the
+//     cleanups of the Buffers it found unreachable (they Free), and
+//     retries; Mallocs that would grow meanwhile wait for it (owned.go);
 //  2. waits for every pending stream event (freeing the blocks waiting on
 //     them), unmaps every free handle of every stream (synchronising each
 //     such stream once; interior handles of free blocks too), releases empty
@@ -98,10 +102,18 @@
 // and forgets it; call it before destroying a stream. Memory still
 // allocated on a released stream is relabelled to an internal idle owner
 // and returned as it is freed. A stream destroyed without ReleaseStream is
-// noticed when a driver call on it fails; its memory is reused or unmapped
-// only after a device-wide synchronize (backend.DeviceSynchronizer) shows
-// its work complete, and is counted as stranded (DeviceStats.StrandedBytes,
-// OutOfMemoryError.Stranded) where the driver cannot do one. Events are
+// noticed when a driver call on it fails, or when RecordStream asks the
+// driver about it again (backend.StreamValidator, shared with the host
+// allocator; Malloc trusts a stream it knows, so that its cache hit asks
+// the driver nothing); its memory, and a block
+// recorded on it and freed since, is counted as stranded
+// (DeviceStats.StrandedBytes, OutOfMemoryError.Stranded) and reused or
+// unmapped only after a device-wide synchronize
+// (backend.DeviceSynchronizer) shows its work complete: the one that
+// EmptyCache, rung 2 of the out-of-memory ladder, Synchronize or
+// ReleaseStream of the destroyed stream, or Close makes; Free never makes
+// one. Where the driver cannot synchronize a device it stays stranded until
+// Close. Events are
 // polled only on streams that have some queued, so the work per call does
 // not grow with the streams ever used. streams.go has the details.
 //
@@ -276,7 +288,10 @@
 // releasing stream or a block being freed (Check reports any left); a
 // growth in flight and a Malloc waiting for one count as waits there.
 //
-// Lock order: Allocator.mu, then the driver's locks. segment.Segment and
+// Lock order: Allocator.mu, then the driver's locks. An exporter's lock
+// (ShareHolder, exported.go: allocator/ipc's Exporter) comes after mu: the
+// allocator tells it of exported handles it unmaps with mu held, and it
+// never calls the allocator holding its own. segment.Segment and
 // segment.HandleCache have no lock of their own: mu guards them, and the
 // only driver calls made on their behalf without mu are those of
 // MapOp.Run and UnmapOp.Run, which touch no state of theirs.

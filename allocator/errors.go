@@ -25,17 +25,25 @@ var (
 // out-of-memory ladder. errors.Is matches ErrOutOfMemory and
 // backend.ErrOutOfMemory.
 type OutOfMemoryError struct {
-	Device      int
-	Requested   uint64 // nbytes asked for
-	Tried       uint64 // nbytes the allocator tried to map (granule-rounded)
-	Total       uint64 // device capacity
-	Free        uint64 // device free memory after the ladder
-	Allowed     uint64 // cap from per_process_memory_fraction; 0 = none
-	Allocated   uint64 // bytes in allocated blocks
-	Reserved    uint64 // bytes mapped by this allocator
-	Stranded    uint64 // of Reserved, bytes held for streams destroyed without ReleaseStream (see ReleaseStream)
-	Cause       error  // the driver error or address-space exhaustion, if any
-	AddrSpaceVA bool   // true when the address-space budget, not memory, ran out
+	Device    int
+	Requested uint64 // nbytes asked for
+	Tried     uint64 // nbytes the allocator tried to map (granule-rounded)
+	Total     uint64 // device capacity
+	Free      uint64 // device free memory after the ladder
+	Allowed   uint64 // cap from per_process_memory_fraction; 0 = none
+	Allocated uint64 // bytes in allocated blocks
+	Reserved  uint64 // bytes mapped by this allocator
+	Stranded  uint64 // of Reserved, bytes held for streams destroyed without ReleaseStream (see ReleaseStream)
+	// ExporterHeld is the bytes of ExporterHeldHandles physical handles the
+	// allocator has unmapped (not in Reserved) that exporters
+	// (allocator/ipc) still hold for open exports: device memory this
+	// process uses that only closing those exports gives back.
+	ExporterHeld        uint64
+	ExporterHeldHandles int
+	Owned               uint64 // nbytes requested by owned Buffers not yet freed (NewBuffer)
+	OwnedGC             bool   // the ladder collected unreachable Buffers first (owned_buffer_gc)
+	Cause               error  // the driver error or address-space exhaustion, if any
+	AddrSpaceVA         bool   // true when the address-space budget, not memory, ran out
 	// Pool, PoolName and PoolLimit are set when the pool's own memory
 	// limit (PoolOptions.MemoryLimit), not the device, stopped the
 	// Malloc; Allocated and Reserved are then the pool's.
@@ -60,6 +68,16 @@ func (e *OutOfMemoryError) Error() string {
 		humanize.IBytes(e.Allocated), humanize.IBytes(e.Reserved-e.Allocated))
 	if e.Stranded != 0 {
 		s += fmt.Sprintf(" %s is stranded on streams destroyed without ReleaseStream.", humanize.IBytes(e.Stranded))
+	}
+	if e.ExporterHeld != 0 {
+		s += fmt.Sprintf(" A further %s in %d physical handles is held by IPC exporters for open exports (close them to free it).",
+			humanize.IBytes(e.ExporterHeld), e.ExporterHeldHandles)
+	}
+	switch {
+	case e.Owned != 0 && e.OwnedGC:
+		s += fmt.Sprintf(" %s is still held by owned buffers after a garbage collection (reachable, or dropped since).", humanize.IBytes(e.Owned))
+	case e.Owned != 0:
+		s += fmt.Sprintf(" %s is held by owned buffers not yet freed, collectable by the garbage collector once unreachable (owned_buffer_gc is off).", humanize.IBytes(e.Owned))
 	}
 	if e.AddrSpaceVA {
 		s += " The virtual address budget (max_segments_per_pool) is exhausted."

@@ -4,13 +4,15 @@ import (
 	"fmt"
 
 	"github.com/vmmalloc/vmmalloc/arena"
+	"github.com/vmmalloc/vmmalloc/backend"
 )
 
 // HandleSpan is one physical handle mapped under a live allocation: the
-// device address of its first byte and its size in bytes.
+// handle, the device address of its first byte and its size in bytes.
 type HandleSpan struct {
-	VA   uintptr // first byte of the handle's mapping
-	Size uint64  // nbytes of the handle
+	Handle backend.Handle // the allocator's handle (RetainHandle of VA returns it too)
+	VA     uintptr        // first byte of the handle's mapping
+	Size   uint64         // nbytes of the handle
 }
 
 // Spans tells which physical handles back the live allocation at ptr, in
@@ -27,6 +29,11 @@ type HandleSpan struct {
 func (a *Allocator) Spans(ptr uintptr) (size uint64, spans []HandleSpan, err error) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
+	return a.spans(ptr)
+}
+
+// spans is Spans with mu held.
+func (a *Allocator) spans(ptr uintptr) (size uint64, spans []HandleSpan, err error) {
 	if a.closed {
 		return 0, nil, ErrClosed
 	}
@@ -45,11 +52,11 @@ func (a *Allocator) Spans(ptr uintptr) (size uint64, spans []HandleSpan, err err
 	base := sg.s.Base()
 	end := uint64(b.Addr-base) + b.Size
 	for off := uint64(b.Addr - base); off < end; {
-		start, n, ok := sg.s.HandleRange(off)
+		h, start, n, ok := sg.s.HandleAt(off)
 		if !ok {
 			return 0, nil, fmt.Errorf("%w: %#x: byte %d of the allocation is not mapped", ErrUnknownPointer, ptr, off-uint64(b.Addr-base))
 		}
-		spans = append(spans, HandleSpan{VA: base + uintptr(start), Size: n})
+		spans = append(spans, HandleSpan{Handle: h, VA: base + uintptr(start), Size: n})
 		off = start + n
 	}
 	return b.Size, spans, nil

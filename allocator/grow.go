@@ -82,6 +82,10 @@ func (a *Allocator) allocSlow(ss *streamState, cl *sizeClass, rounded, size uint
 	if b, err := a.awaitGrowths(ss, cl, rounded); b != arena.NoBlock || err != nil {
 		return b, err
 	}
+	// So may a Malloc collecting owned Buffers (owned.go); it goes first.
+	if b, err := a.awaitCollections(ss, cl, rounded); b != arena.NoBlock || err != nil {
+		return b, err
+	}
 	b, err := a.grow(ss, cl, rounded)
 	if err == nil || !isOOM(err) {
 		return b, err
@@ -113,6 +117,11 @@ func (a *Allocator) allocSlow(ss *streamState, cl *sizeClass, rounded, size uint
 				return b, err
 			}
 		}
+	}
+	// Rung 1½: owned Buffers the garbage collector finds unreachable
+	// (owned.go), collected with mu dropped.
+	if b, done, err := a.collectOwned(ss, cl, rounded); done {
+		return b, err
 	}
 	// Rung 2: wait for every pending event, release every free handle and
 	// segment (what can be: a failure on one stream does not stop the
@@ -157,7 +166,11 @@ func (a *Allocator) allocSlow(ss *streamState, cl *sizeClass, rounded, size uint
 		Allocated: uint64(a.st.AllocatedBytes[0].Current),
 		Reserved:  uint64(a.st.ReservedBytes[0].Current),
 		Stranded:  a.strandedBytes(),
+		Owned:     a.owned.bytes.Load(),
+		OwnedGC:   a.cfg.OwnedBufferGC,
 	}
+	_, _, held, heldBytes := a.exportedTotals()
+	oom.ExporterHeld, oom.ExporterHeldHandles = uint64(heldBytes), int(held)
 	if a.allowed < a.total {
 		oom.Allowed = a.allowed
 	}
@@ -233,7 +246,7 @@ func (a *Allocator) growClassic(ss *streamState, cl *sizeClass, rounded uint64) 
 		return arena.NoBlock, backend.Errorf(backend.OpCreate, backend.ErrOutOfMemory, "", "per_process_memory_fraction cap %d bytes reached", a.allowed)
 	}
 	s, err := segment.NewClassicConfig(a.drv, size, segment.Config{
-		Device: a.dev, Prop: backend.DeviceProp(a.dev), Counters: &a.counters,
+		Device: a.dev, Prop: backend.DeviceProp(a.dev), Counters: &a.counters, Unmapped: a.handleUnmapped,
 	})
 	if err != nil {
 		if s != nil { // rollback incomplete: keep it to destroy later
@@ -336,6 +349,7 @@ func (a *Allocator) growExpandable(ss *streamState, cl *sizeClass, rounded uint6
 		s, err := segment.New(a.drv, segment.Config{
 			Device: a.dev, Prop: backend.DeviceProp(a.dev), PageSize: cl.pageSize, Cut: segment.CutFromStart,
 			VASize: max(cl.vaSize, roundUp(mapLen, cl.pageSize)), Cache: cl.cache, Counters: &a.counters,
+			Unmapped: a.handleUnmapped,
 		})
 		if err != nil {
 			if errors.Is(err, backend.ErrOutOfMemory) {

@@ -17,9 +17,10 @@ import (
 // fails with ErrDoubleFree. If a wait fails too, every event taken is
 // given back and the error returned with nothing changed. A stream the
 // driver no longer knows needs no event: a released one has no work
-// left, and a vanished one (destroyed without ReleaseStream) is waited for
-// with a device synchronize, or, where the driver cannot do one, b stays
-// pending (stranded) until Close. mu held (dropped while it waits).
+// left, and for a vanished one (destroyed without ReleaseStream) b stays
+// pending (stranded), without a device-wide wait, until the next device
+// synchronize (quiesce) shows the vanished stream's work complete. mu held
+// (dropped while it waits).
 func (a *Allocator) insertEvents(b arena.BlockID, uses []backend.Stream) error {
 	if a.freeing[b] {
 		return fmt.Errorf("%w: %#x is being freed by another call", ErrDoubleFree, a.heap.Addr(b))
@@ -102,7 +103,7 @@ func (a *Allocator) insertEvents(b arena.BlockID, uses []backend.Stream) error {
 			a.markBusy(ss)
 			_, _ = a.heap.AddEvents(b, 1)
 		}
-		if strand && a.quiesce() != nil {
+		if strand {
 			_, _ = a.heap.AddEvents(b, 1) // a phantom event only quiesce retires
 			a.stranded = append(a.stranded, b)
 		}
@@ -218,7 +219,7 @@ func (a *Allocator) releaseAll() error {
 		err = errors.Join(err, qerr)
 	}
 	err = errors.Join(err, a.flushUnmaps())
-	return errors.Join(err, a.trimCaches(), a.sweepSegments(), a.destroyZombies())
+	return errors.Join(err, a.trimCaches(), a.sweepSegments(), a.destroyZombies(), a.releaseExported())
 }
 
 // releaseUntil releases free memory, stream by stream, until reserved bytes

@@ -31,9 +31,10 @@ import (
 //     complete, no synchronisation is needed for that.
 //   - Vanished (Allocator.vanished): a stream destroyed without
 //     ReleaseStream, discovered when a driver call on it fails and the
-//     driver no longer knows it. Work queued on it before its destruction
-//     may still be in flight, so its memory is not reused or unmapped until
-//     a device-wide synchronize (backend.DeviceSynchronizer:
+//     driver no longer knows it, or when RecordStream asks the driver
+//     about it again (recheckStream, backend.StreamValidator). Work
+//     queued on it before its destruction may still be in flight, so its
+//     memory is not reused or unmapped until a device-wide synchronize (backend.DeviceSynchronizer:
 //     cuCtxSynchronize, aclrtSynchronizeDevice) proves it complete; then it
 //     moves to the idle owner like a released stream. A driver without that
 //     capability leaves it stranded: counted in DeviceStats.StrandedBytes
@@ -42,10 +43,14 @@ import (
 //     device's work is done).
 //
 // A block freed after RecordStream on a stream that vanished would wait for
-// an event that can no longer be recorded: after a device synchronize it is
-// free at once; without one it stays pending-free (stranded) with a phantom
-// event count, so no other stream is handed memory the vanished stream may
-// still write.
+// an event that can no longer be recorded: Free does not wait for the
+// device (that would wait for every stream's unrelated work); the block
+// stays pending-free (stranded) with a phantom event count, so no other
+// stream is handed memory the vanished stream may still write, until the
+// next device synchronize the allocator makes anyway (EmptyCache, rung 2
+// of the out-of-memory ladder, Synchronize or ReleaseStream of a destroyed
+// stream, Close) frees it. The host allocator quarantines such blocks the
+// same way.
 //
 // Only streams with queued events are walked when events are polled
 // (Allocator.busy), so per-call work does not grow with the number of
@@ -225,8 +230,7 @@ func (a *Allocator) sortedBusy() []*streamState {
 // injected into a synchronisation does not make a live stream look gone.
 // mu held.
 func (a *Allocator) streamGone(s backend.Stream) bool {
-	_, err := a.drv.StreamDevice(s)
-	return err != nil && errors.Is(err, backend.ErrInvalidArgument)
+	return a.validator().Gone(s)
 }
 
 // vanish moves ss, whose stream the driver no longer knows, out of the

@@ -219,7 +219,9 @@ func TestOOMLadderRetriesAfterPartialRelease(t *testing.T) {
 
 // TestRecordedOnDestroyedStreamIsFreeable: a block recorded on a stream
 // that is later destroyed can be freed (issue 7 §2: every Free failed at
-// event recording). With a device synchronize it is free at once.
+// event recording). Free does not wait for the device (issue 16 §2: it
+// waited for every stream's work): the block is stranded, counted and not
+// reused until EmptyCache's device synchronize frees it.
 func TestRecordedOnDestroyedStreamIsFreeable(t *testing.T) {
 	a, e := newAlloc(t, "", emulated.WithManualCompletion())
 	s, err := e.StreamCreate(0)
@@ -229,15 +231,32 @@ func TestRecordedOnDestroyedStreamIsFreeable(t *testing.T) {
 	require.NoError(t, a.RecordStream(p, s))
 	require.NoError(t, e.Launch(s, p, 8192))
 	require.NoError(t, e.StreamDestroy(s))
+	syncs := e.Calls(backend.OpDeviceSync)
 	require.NoError(t, a.Free(p))
-	assert.Zero(t, a.pending, "freed after a device synchronize")
+	assert.Equal(t, syncs, e.Calls(backend.OpDeviceSync), "Free made no device-wide wait")
+	assert.Equal(t, 1, a.pending, "stranded: pending until the device is idle")
+	assert.Equal(t, int64(8192), a.Stats().StrandedBytes)
 	n, err := e.Pending(s)
-	assert.Error(t, err, "the destroyed stream's work completed: %d pending", n)
+	require.NoError(t, err)
+	assert.Equal(t, 1, n, "the destroyed stream's work is still pending")
 	q, err := a.Malloc(8192, 0)
 	require.NoError(t, err)
-	assert.Equal(t, p, q, "reused")
+	assert.NotEqual(t, p, q, "stranded memory is not reused")
 	mustCheck(t, a, e)
 	require.NoError(t, a.Free(q))
+
+	require.NoError(t, a.EmptyCache())
+	assert.Equal(t, syncs+1, e.Calls(backend.OpDeviceSync), "one device synchronize")
+	assert.Zero(t, a.pending)
+	assert.Zero(t, a.Stats().StrandedBytes)
+	_, err = e.Pending(s)
+	assert.Error(t, err, "the destroyed stream's work completed")
+	r, err := a.Malloc(8192, 0)
+	require.NoError(t, err)
+	assert.Contains(t, []uintptr{p, q}, r, "reused")
+	assert.Empty(t, e.Violations())
+	mustCheck(t, a, e)
+	require.NoError(t, a.Free(r))
 }
 
 // TestDestroyedStreamWithoutDeviceSync: where the driver cannot

@@ -47,7 +47,8 @@
 //	    └────────────────────────────────────────────────────────────┘
 //	            Unmap (whole handles only): StreamSynchronize the given
 //	            streams; driver Unmap; full-size handle → HandleCache (if it
-//	            has room) or FreePhysical; odd-size handle → FreePhysical
+//	            has room) or FreePhysical; odd-size handle, or one
+//	            Config.Unmapped says is shared → FreePhysical
 //
 // A mapped granule belongs to exactly one handle, and a handle is mapped
 // and unmapped whole: Unmap's range must start and end on handle
@@ -55,7 +56,8 @@
 // full-size one stays in the cache (beyond its limit; HandleCache.Trim
 // retries it) when the segment has a cache, and any other goes to the
 // segment's leftover list (FreeLeftovers, Release and Destroy retry it).
-// Only full-size handles ever enter a HandleCache.
+// Only full-size handles ever enter a HandleCache, and never one shared
+// with another process (Config.Unmapped).
 //
 // Map is all or nothing: if any step fails for any handle (creating it,
 // mapping it, setting its access), every handle this call mapped is
@@ -168,6 +170,15 @@ type Config struct {
 	Cache *HandleCache
 	// Counters, optional, receives the segment's driver-call figures.
 	Counters *Counters
+	// Unmapped, optional, is told of every handle the segment unmaps
+	// (Unmap, EndUnmap, Destroy), with its nbytes, after the driver's Unmap
+	// and before the segment disposes of the handle. If it returns true the
+	// handle is shared with another process: it never enters the
+	// HandleCache (a peer may still map its memory, which another
+	// allocation must not get) and is freed at once, kept as a leftover if
+	// that free fails. It runs under the caller's lock, like every
+	// segment call.
+	Unmapped func(h backend.Handle, size uint64) (shared bool)
 }
 
 // CutPolicy says where Map cuts the range it maps into handles.
@@ -217,11 +228,12 @@ type Segment struct {
 	// hnd has one entry per granule (nil once released): the handle at
 	// the first granule of each mapped handle, 0 everywhere else.
 	hnd      []backend.Handle
-	nHandles int              // handles mapped (positive entries of span)
-	nGran    int              // granules mapped (nonzero entries of span)
-	cache    *HandleCache     // optional; holds full-size handles only
-	c        *Counters        // never nil
-	leftover []backend.Handle // handles whose FreePhysical failed and that no cache holds
+	nHandles int                               // handles mapped (positive entries of span)
+	nGran    int                               // granules mapped (nonzero entries of span)
+	cache    *HandleCache                      // optional; holds full-size handles only
+	unmapped func(backend.Handle, uint64) bool // Config.Unmapped; may be nil
+	c        *Counters                         // never nil
+	leftover []backend.Handle                  // handles whose FreePhysical failed and that no cache holds
 	// inflight are the ranges of maps begun (BeginMap) and not yet ended
 	// (EndMap): their granules read as unmapped, no other map may take
 	// them, and Release and Destroy wait for them (ErrBusy).
@@ -392,6 +404,7 @@ func newSegment(drv backend.Driver, cfg Config, base uintptr, size, gran, pageSi
 		cut:       cfg.Cut,
 		span:      make([]int32, n),
 		hnd:       make([]backend.Handle, n),
+		unmapped:  cfg.Unmapped,
 		c:         cfg.Counters,
 	}
 	if len(cfg.Access) > 0 {
@@ -461,6 +474,16 @@ func (s *Segment) HandleRange(off uint64) (start, size uint64, ok bool) {
 	}
 	first := s.first(g)
 	return uint64(first) * s.gran, uint64(s.span[first]) * s.gran, true
+}
+
+// HandleAt is HandleRange with the handle itself: the handle mapped over
+// byte offset off, its first byte's offset and its nbytes.
+func (s *Segment) HandleAt(off uint64) (h backend.Handle, start, size uint64, ok bool) {
+	start, size, ok = s.HandleRange(off)
+	if !ok {
+		return 0, 0, 0, false
+	}
+	return s.hnd[start/s.gran], start, size, true
 }
 
 // first returns the first granule of the handle mapped over granule g,
@@ -938,6 +961,9 @@ func (s *Segment) freeHandle(h backend.Handle, full bool) error {
 // other back to the driver.
 func (s *Segment) discard(h backend.Handle, size uint64) error {
 	full := size == s.pageSize
+	if s.unmapped != nil && s.unmapped(h, size) {
+		return s.freeHandle(h, false) // shared: never cached
+	}
 	if full && s.cache != nil {
 		return s.cache.put(h)
 	}

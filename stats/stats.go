@@ -208,6 +208,18 @@ type DeviceStats struct {
 	HandlesReused     int64 // physical handles taken from the handle cache
 	MaxSplitSize      int64 // configured max_split_size in bytes; 0 = unlimited
 	StrandedBytes     int64 // of reserved bytes, those held for streams destroyed without ReleaseStream until a device synchronize shows them idle
+	// Physical handles shared with other processes (allocator/ipc), while
+	// the allocator maps them or an exporter still holds them, and their
+	// bytes; of those, the ones the allocator has unmapped (not in
+	// ReservedBytes) that exporters hold for open exports. Gauges.
+	ExportedHandles     int64
+	ExportedBytes       int64
+	ExporterHeldHandles int64
+	ExporterHeldBytes   int64
+
+	OwnedBytes          int64 // bytes requested by owned buffers not yet freed (allocator.Buffer)
+	NumOwnedCollections int64 // garbage collections the out-of-memory ladder ran for owned buffers
+	OwnedReclaimedBytes int64 // bytes of owned buffers freed by their cleanups (dropped without Free)
 }
 
 // ResetPeak resets every peak to its current value
@@ -231,6 +243,7 @@ func (d *DeviceStats) ResetAccumulated() {
 	d.NumAllocRetries, d.NumOOMs, d.NumSyncAllStreams, d.NumStreamSyncs = 0, 0, 0, 0
 	d.NumDeviceAlloc, d.NumDeviceFree = 0, 0
 	d.HandlesCreated, d.HandlesFreed, d.HandlesReused = 0, 0, 0
+	d.NumOwnedCollections, d.OwnedReclaimedBytes = 0, 0
 }
 
 func (d *DeviceStats) arrays() []*StatArray {

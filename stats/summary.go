@@ -57,7 +57,8 @@ var poolLabels = [...]struct {
 // true. Oversize allocations and Oversize segments follow. The driver
 // section shows maps (num_device_alloc), unmaps (num_device_free), handles
 // created, freed and reused, stream syncs, all-stream syncs and the
-// max_split_size setting.
+// max_split_size setting, and, when handles are shared with other
+// processes, how many and the bytes only exporters still hold.
 //
 // Byte values are humanised in IEC units by go-humanize ("20 MiB",
 // "1.5 KiB"); counts are plain integers. Lines are 80 characters wide
@@ -113,7 +114,11 @@ func Summary(d *DeviceStats, device int, abbreviated bool) string {
 		{"Handles reused", itoa(d.HandlesReused), "Stream syncs", itoa(d.NumStreamSyncs)},
 		{"All-stream syncs", itoa(d.NumSyncAllStreams), "Max split size", maxSplit},
 	}
-	for _, p := range pairs {
+	rows := pairs[:]
+	if d.ExportedHandles != 0 || d.ExporterHeldBytes != 0 {
+		rows = append(rows, [4]string{"Exported handles", itoa(d.ExportedHandles), "Held by exporters", formatBytes(d.ExporterHeldBytes)})
+	}
+	for _, p := range rows {
 		fmt.Fprintf(&b, "| %-*s | %*s | %-*s | %*s |\n",
 			metricWidth, p[0], valueWidth, p[1], driverLabelW2, p[2], valueWidth, p[3])
 	}

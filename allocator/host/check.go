@@ -13,18 +13,23 @@ import (
 //     overlap, and the block map exactly the blocks;
 //   - every block's size is its class size; the free lists hold exactly the
 //     cached blocks, each once, in their class;
-//   - free-pending blocks are exactly those with events, and each block's
-//     event count equals its entries in the stream queues; no event is both
-//     idle and pending, or pending twice;
+//   - free-pending blocks are exactly those with events and the
+//     quarantined ones, which have none and are listed once in the
+//     quarantine; each block's event count equals its entries in the
+//     stream queues; no event is both idle and pending, or pending twice;
 //   - the statistics' current values equal the recount.
 //
 // It then compares device addresses with the driver: for every block the
 // allocator has registered and every mapped registration whose device
 // address is known, HostGetDevicePointer must return the same address.
-// It walks everything: use it in tests, not on a hot path.
+// It walks everything: use it in tests, not on a hot path. After Close it
+// returns ErrClosed, as every method that can fail does.
 func (a *Allocator) Check() error {
 	a.mu.Lock()
 	defer a.mu.Unlock()
+	if a.closed {
+		return ErrClosed
+	}
 	if err := a.check(); err != nil {
 		return err
 	}
@@ -85,8 +90,12 @@ func (a *Allocator) check() error {
 			want.Active.Add(1)
 			want.ActiveBytes.Add(int64(b.size))
 		}
-		if b.state == stateFreePending && !b.orphan {
+		if b.state == stateFreePending && !b.quarantined {
 			pendingBlocks++
+		}
+		if b.quarantined {
+			want.Quarantined.Add(1)
+			want.QuarantinedBytes.Add(int64(b.size))
 		}
 		return true
 	})
@@ -99,15 +108,15 @@ func (a *Allocator) check() error {
 	if pendingBlocks != a.pending {
 		return corrupt("%d free-pending blocks, counter says %d", pendingBlocks, a.pending)
 	}
-	orphans := make(map[*block]bool)
-	for _, b := range a.orphans {
-		if orphans[b] || !b.orphan || b.state != stateFreePending || a.blocks[b.ptr] != b {
+	listed := make(map[*block]bool)
+	for _, b := range a.quarantine {
+		if listed[b] || !b.quarantined || b.state != stateFreePending || a.blocks[b.ptr] != b {
 			return corrupt("quarantined block %#x: listed twice, unflagged, unknown or %v", b.ptr, b.state)
 		}
-		orphans[b] = true
+		listed[b] = true
 	}
 	for _, b := range a.blocks {
-		if b.orphan && !orphans[b] {
+		if b.quarantined && !listed[b] {
 			return corrupt("block %#x flagged quarantined but not listed", b.ptr)
 		}
 	}
@@ -118,9 +127,9 @@ func (a *Allocator) check() error {
 		return err
 	}
 	got := []stats.Stat{a.st.Allocation, a.st.AllocatedBytes, a.st.RequestedBytes, a.st.Active, a.st.ActiveBytes,
-		a.st.Segment, a.st.ReservedBytes, a.st.Registered, a.st.RegisteredBytes}
+		a.st.Segment, a.st.ReservedBytes, a.st.Registered, a.st.RegisteredBytes, a.st.Quarantined, a.st.QuarantinedBytes}
 	names := []string{"allocation", "allocated_bytes", "requested_bytes", "active", "active_bytes",
-		"segment", "reserved_bytes", "registered", "registered_bytes"}
+		"segment", "reserved_bytes", "registered", "registered_bytes", "quarantined", "quarantined_bytes"}
 	for i, w := range want.stats() {
 		g := got[i]
 		if g.Current != w.Current {
@@ -150,7 +159,7 @@ func (a *Allocator) checkBlock(b *block, s span) error {
 			return corrupt("allocated block %#x: requested %d of %d bytes, %d events", b.ptr, b.req, b.size, b.events)
 		}
 	case stateFreePending:
-		if (b.events <= 0) != b.orphan || b.req != 0 || len(b.uses) != 0 {
+		if (b.events <= 0) != b.quarantined || b.req != 0 || len(b.uses) != 0 {
 			return corrupt("free-pending block %#x: %d events, requested %d, %d uses", b.ptr, b.events, b.req, len(b.uses))
 		}
 	case stateCached:

@@ -56,6 +56,12 @@
 //	│             │ recorded on each stream (never waits)      │
 //	│             ▼                                            ▼
 //	│       free-pending ──every event complete (EventQuery)──▶ cached
+//	│             ▲                                            ▲
+//	│             │ Free after RecordStream on a stream        │ EmptyCache, OOM, Close:
+//	│             │ destroyed since (never waits)              │ a device synchronize
+//	│             │                                            │
+//	│        quarantined ──────────────────────────────────────┤
+//	│        (free-pending, no events)                         │
 //	│                                                          │
 //	└──────────────────── Malloc (cache hit) ─────────────────┤
 //	                                                           │ EmptyCache, OOM, Close
@@ -70,27 +76,47 @@
 // and polling stops at the first incomplete event.
 //
 // When the driver is out of pinned memory, Malloc releases the cached blocks
-// and retries, then waits for the pending events, releases those blocks too
-// and retries, and only then returns an error wrapping ErrOutOfMemory. Free
-// waits only if the driver cannot record an event: it then synchronises the
-// stream (or, for a stream the driver no longer knows, its device, through
-// backend.DeviceSynchronizer) and, if that fails too, returns the error
-// with nothing changed.
+// and retries, then waits for the pending events and ends the quarantine
+// (below), releases those blocks too and retries, and only then returns an
+// error wrapping ErrOutOfMemory. Free waits only if the driver fails to
+// give or record an event on a live stream: it then synchronizes that
+// stream and, if that fails too, returns the error with nothing changed.
 //
 // # Streams that disappear
 //
-// A stream recorded on a block may be destroyed before the block is freed;
-// its queued work still runs, but no event can be recorded on it and no
-// wait can name it. Free then quarantines the block (free-pending without
-// events, Stats.NumOrphaned) instead of failing or waiting, and forgets the
-// stream, so that RecordStream refuses it from then on. A quarantined block
-// is never reused until the allocator can wait for its work: when memory
-// runs out (rung 2 of the ladder below) or at Close, it waits for every
-// device where the driver can (backend.DeviceSynchronizer) and caches the
-// blocks; otherwise it gives MallocHost blocks back with
-// FreeHostWithDevSync, which waits for the device work that uses them.
-// Blocks of OS memory (pinned_use_host_register) have no such call: they
-// stay quarantined until Close, which releases them without waiting.
+// RecordStream asks the driver about its stream on every call
+// (backend.StreamValidator, the check the device allocator makes too): a
+// stream destroyed after the allocator had seen it is refused like one it
+// never saw, with an error wrapping ErrInvalidStream and a
+// *backend.StreamError, and the block is left as it was.
+//
+// A stream recorded on a block may still be destroyed before the block is
+// freed; its queued work still runs, but no event can be recorded on it and
+// no stream wait can name it. Free then quarantines the block (free-pending
+// without events) instead of failing or waiting: waiting for the whole
+// device would wait for the unrelated work of every other stream, and the
+// block must not be reused while the destroyed stream's work may still
+// touch it. It forgets the stream. A quarantined block is counted
+// (Stats.Quarantined, Stats.QuarantinedBytes, and Check recounts them) and
+// stays quarantined until something shows the device's work complete:
+//
+//   - EmptyCache, rung 2 of the out-of-memory ladder, and Close end the
+//     quarantine where there is one. Where the driver can wait for a whole
+//     device (backend.DeviceSynchronizer), they synchronize every device
+//     once (Stats.NumDeviceSyncs) and cache the blocks; otherwise they
+//     give MallocHost blocks back with FreeHostWithDevSync, which waits for
+//     the device work that uses them. Besides Close, which gives every
+//     block back with FreeHostWithDevSync, these are the only device-wide
+//     waits the allocator makes, and EmptyCache and Malloc make none while
+//     nothing is quarantined.
+//   - Blocks of OS memory (pinned_use_host_register) have no such call
+//     without a DeviceSynchronizer: they stay quarantined until Close,
+//     which releases them without waiting.
+//
+// So quarantined memory never makes Malloc fail: before it reports out of
+// memory, the ladder takes it back. The device allocator treats a block
+// recorded on a destroyed stream the same way (its "stranded" blocks,
+// DeviceStats.StrandedBytes).
 //
 // # Device addresses
 //
@@ -134,5 +160,7 @@
 // as they were, or, where the driver cannot undo a step, leaves the
 // allocator recording exactly what the driver still holds so that a later
 // release or Close undoes it. Check verifies the invariants against a
-// recount and the driver.
+// recount and the driver. After Close, every method that returns an error
+// returns ErrClosed, whatever its arguments, Check included; a Close that
+// failed can be retried.
 package host

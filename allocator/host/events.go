@@ -2,7 +2,6 @@ package host
 
 import (
 	"errors"
-	"fmt"
 
 	"github.com/vmmalloc/vmmalloc/backend"
 )
@@ -10,21 +9,26 @@ import (
 // insertEvents records an event on every stream in b.uses, so that b is
 // reused only once they complete. An event comes from the idle pool of the
 // stream's device, or is created when the pool is empty (so the pool grows
-// to the peak number of pending events and no more). If an event cannot be
-// created or recorded, it waits for the stream instead, and for a stream
-// the driver no longer knows, for its device (backend.DeviceSynchronizer).
-// If that fails too, every event taken goes back to the pool and the error
-// (a *streamGoneError when the driver no longer knows the stream, which is
-// then forgotten) is returned with b unchanged. mu held.
-func (a *Allocator) insertEvents(b *block) error {
-	var err error
+// to the peak number of pending events and no more).
+//
+// A stream the driver no longer knows (destroyed since RecordStream) can
+// take no event and be waited for by no stream wait: insertEvents then
+// returns quarantine, without waiting, and gives back the events it took;
+// the caller quarantines b. Whether a stream is gone is asked of the driver
+// (StreamValidator.Gone), never read from a failed call's error, so a
+// fault on a live stream does not look like a destroyed one.
+//
+// If an event cannot be created or recorded on a live stream, it waits
+// for that stream instead. If that fails too, every event taken goes back
+// to the pool and the error is returned with b unchanged. mu held.
+func (a *Allocator) insertEvents(b *block) (quarantine bool, err error) {
 	rec := a.scratch[:0]
-	for _, u := range b.uses {
-		ss := a.streams[u] // RecordStream validated it, but it may be gone since
-		if ss == nil {
-			err = &streamGoneError{stream: u, err: fmt.Errorf("%w: stream %d no longer exists", ErrInvalidStream, u)}
+	for _, ss := range b.uses {
+		if ss.gone { // RecordStream validated it, and a later call found it gone
+			quarantine = true
 			break
 		}
+		u := ss.stream
 		ev, e := a.getEvent(ss.dev)
 		if e == nil {
 			if e = a.drv.EventRecord(ev, u); e == nil {
@@ -34,27 +38,25 @@ func (a *Allocator) insertEvents(b *block) error {
 			}
 			a.idle[ss.dev] = append(a.idle[ss.dev], ev)
 		}
-		a.st.NumSyncFallback++
-		e2 := a.drv.StreamSynchronize(u)
-		if ds, ok := a.drv.(backend.DeviceSynchronizer); ok && e2 != nil && errors.Is(e2, backend.ErrInvalidArgument) {
-			if e3 := ds.DeviceSynchronize(ss.dev); e3 == nil {
-				e2 = nil
-			} else {
-				e2 = errors.Join(e2, e3)
-			}
+		if a.sv.Gone(u) {
+			a.forgetStream(ss)
+			quarantine = true
+			break
 		}
-		if e2 != nil {
-			err = errors.Join(e, e2)
-			if errors.Is(e2, backend.ErrInvalidArgument) {
-				err = &streamGoneError{stream: u, err: err}
+		a.st.NumSyncFallback++
+		if e2 := a.drv.StreamSynchronize(u); e2 != nil {
+			if a.sv.Gone(u) { // destroyed meanwhile
 				a.forgetStream(ss)
+				quarantine = true
+				break
 			}
+			err = errors.Join(e, e2)
 			break
 		}
 	}
 	for i, pe := range rec {
 		ss := a.scratchSS[i]
-		if err != nil {
+		if err != nil || quarantine {
 			a.idle[ss.dev] = append(a.idle[ss.dev], pe.ev)
 			continue
 		}
@@ -66,24 +68,19 @@ func (a *Allocator) insertEvents(b *block) error {
 	clear(a.scratchSS)
 	a.scratch = rec[:0]
 	a.scratchSS = a.scratchSS[:0]
-	return err
+	return quarantine, err
 }
 
-// streamGoneError reports that insertEvents could neither record an event
-// on a stream nor wait for it, because the driver no longer knows it.
-type streamGoneError struct {
-	stream backend.Stream
-	err    error
-}
-
-func (e *streamGoneError) Error() string { return e.err.Error() }
-func (e *streamGoneError) Unwrap() error { return e.err }
-
-// forgetStream drops a stream the driver no longer knows, so that
-// RecordStream validates it again; it stays listed while events recorded on
-// it before are pending. mu held.
+// forgetStream drops a stream the driver no longer knows; it stays listed
+// while events recorded on it before are pending (its work still runs,
+// and they complete with it). mu held.
 func (a *Allocator) forgetStream(ss *streamState) {
-	delete(a.streams, ss.stream)
+	if ss.gone {
+		return
+	}
+	if a.streams[ss.stream] == ss {
+		delete(a.streams, ss.stream)
+	}
 	ss.gone = true
 	a.gone++
 	a.dropDrainedStreams()

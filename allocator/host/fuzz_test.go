@@ -56,7 +56,7 @@ func fuzzHost(t *testing.T, data []byte, faultOp backend.Op, faultN int) (failed
 	randomFaults := mode&8 != 0
 	a, e := newHost(t, conf, emulated.WithManualCompletion(), emulated.WithHostCapacity(2*mib))
 	m := &hostModel{live: map[uintptr]uint64{}, launched: map[backend.Stream]int{}, regs: map[uintptr]bool{}}
-	var streams []backend.Stream
+	var streams, dead []backend.Stream // dead: destroyed by the fuzzer
 	for i := 0; i < 3; i++ {
 		s, err := e.StreamCreate(0)
 		require.NoError(t, err)
@@ -152,7 +152,10 @@ func fuzzHost(t *testing.T, data []byte, faultOp backend.Op, faultN int) (failed
 				break
 			}
 			a.mu.Lock()
-			uses := append([]backend.Stream(nil), a.blocks[p].uses...)
+			var uses []backend.Stream
+			for _, ss := range a.blocks[p].uses {
+				uses = append(uses, ss.stream)
+			}
 			a.mu.Unlock()
 			if expectOK("Free", f0, a.Free(p)) {
 				require.Equal(t, int64(len(m.live)), a.Stats().Allocation.Current, "failed Free changed the allocation count")
@@ -169,6 +172,16 @@ func fuzzHost(t *testing.T, data []byte, faultOp backend.Op, faultN int) (failed
 			if !ok {
 				break
 			}
+			if y&0x40 != 0 && len(dead) > 0 { // a destroyed stream: refused, the block unchanged
+				a.mu.Lock()
+				uses := len(a.blocks[p].uses)
+				a.mu.Unlock()
+				require.ErrorIs(t, a.RecordStream(p, dead[int(y)%len(dead)]), ErrInvalidStream)
+				a.mu.Lock()
+				require.Len(t, a.blocks[p].uses, uses)
+				a.mu.Unlock()
+				break
+			}
 			s := streams[int(y)%len(streams)]
 			if !a.cfg.UseHostRegister { // the emulator sees host work only on MallocHost memory
 				require.NoError(t, e.Launch(s, p, m.live[p]))
@@ -179,6 +192,7 @@ func fuzzHost(t *testing.T, data []byte, faultOp backend.Op, faultN int) (failed
 			s := streams[int(x)%len(streams)]
 			if y == 255 {
 				require.NoError(t, e.StreamDestroy(s))
+				dead = append(dead, s)
 				ns, err := e.StreamCreate(0)
 				require.NoError(t, err)
 				streams[int(x)%len(streams)] = ns

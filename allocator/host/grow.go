@@ -11,8 +11,8 @@ import (
 // grow obtains a new block of class c (rounded bytes) for a request of size
 // bytes. When the driver is out of memory it climbs a ladder:
 //  1. release every cached block (events polled first) and retry;
-//  2. wait for the events of free-pending blocks (and settle quarantined
-//     ones), release them, and retry;
+//  2. wait for the events of free-pending blocks and end the quarantine
+//     (a device-wide wait: settleQuarantine), release them, and retry;
 //  3. return an error wrapping ErrOutOfMemory and the driver's error.
 //
 // mu held.
@@ -28,8 +28,8 @@ func (a *Allocator) grow(rounded uint64, c int, size uint64) (*block, error) {
 			return b, err
 		}
 	}
-	if a.pending > 0 || len(a.orphans) > 0 {
-		if e := errors.Join(a.synchronizeEvents(), a.settleOrphans(false)); e == nil {
+	if a.pending > 0 || len(a.quarantine) > 0 {
+		if e := errors.Join(a.synchronizeEvents(), a.settleQuarantine(false)); e == nil {
 			_ = a.releaseCached(false)
 			if b, err = a.obtain(rounded, c); err == nil || !errors.Is(err, backend.ErrOutOfMemory) {
 				return b, err
@@ -135,8 +135,12 @@ func (a *Allocator) releaseCached(sync bool) error {
 
 // EmptyCache gives every cached block back to the driver, after moving the
 // free-pending blocks whose events have completed to the cache. It does not
-// wait: blocks still waiting for events stay. Blocks the driver fails to
-// release stay cached, and the errors are returned.
+// wait for events: blocks still waiting for them stay. Quarantined blocks
+// (Stats.Quarantined) are the exception: they wait for nothing EmptyCache
+// could poll, so if there are any it ends their quarantine with a
+// device-wide synchronize (settleQuarantine) and gives them back too; with
+// none, it makes no wait. Blocks the driver fails to release stay cached,
+// blocks it fails to settle stay quarantined, and the errors are returned.
 func (a *Allocator) EmptyCache() error {
 	a.mu.Lock()
 	defer a.mu.Unlock()
@@ -144,11 +148,13 @@ func (a *Allocator) EmptyCache() error {
 		return ErrClosed
 	}
 	a.processEvents()
-	return a.releaseCached(false)
+	err := a.settleQuarantine(false)
+	return errors.Join(err, a.releaseCached(false))
 }
 
-// Close waits for the events of free-pending blocks and for the streams
-// recorded on blocks still allocated, gives every block back to the driver
+// Close waits for the events of free-pending blocks, ends the quarantine
+// (see the package doc), waits for the streams recorded on blocks still
+// allocated, gives every block back to the driver
 // (FreeHostWithDevSync, so device work still using them completes first),
 // unregisters every range registered with Register, and destroys its
 // events. Later calls return ErrClosed. If a driver call fails, Close
@@ -156,11 +162,11 @@ func (a *Allocator) EmptyCache() error {
 func (a *Allocator) Close() error {
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	if a.closed && len(a.blocks) == 0 && a.spans.Len() == 0 && a.idleEvents() == 0 && len(a.orphans) == 0 {
+	if a.closed && len(a.blocks) == 0 && a.spans.Len() == 0 && a.idleEvents() == 0 && len(a.quarantine) == 0 {
 		return ErrClosed
 	}
 	a.closed = true
-	if err := errors.Join(a.synchronizeEvents(), a.settleOrphans(true)); err != nil {
+	if err := errors.Join(a.synchronizeEvents(), a.settleQuarantine(true)); err != nil {
 		return err
 	}
 	var errs []error
@@ -168,9 +174,14 @@ func (a *Allocator) Close() error {
 		if b.state != stateAllocated {
 			continue
 		}
-		for _, u := range b.uses {
-			// A destroyed stream has nothing left to wait for.
-			if err := a.drv.StreamSynchronize(u); err != nil && !errors.Is(err, backend.ErrInvalidArgument) {
+		for _, ss := range b.uses {
+			// No stream wait can name a destroyed stream: a MallocHost
+			// block is given back with FreeHostWithDevSync below, which
+			// waits for its work; closing vouches for OS memory's.
+			if ss.gone {
+				continue
+			}
+			if err := a.drv.StreamSynchronize(ss.stream); err != nil && !a.sv.Gone(ss.stream) {
 				errs = append(errs, err)
 			}
 		}
@@ -181,6 +192,7 @@ func (a *Allocator) Close() error {
 		a.st.AllocatedBytes.Add(-int64(b.size))
 		a.st.RequestedBytes.Add(-int64(b.req))
 		b.req = 0
+		clear(b.uses)
 		b.uses = b.uses[:0]
 		a.cache(b)
 	}
@@ -210,35 +222,40 @@ func (a *Allocator) Close() error {
 	return errors.Join(errs...)
 }
 
-// settleOrphans ends the quarantine of blocks freed after a stream recorded
-// on them disappeared: with a driver that can wait for a whole device
-// (backend.DeviceSynchronizer) it waits for every device and caches them;
-// otherwise MallocHost blocks go back to the driver through
-// FreeHostWithDevSync, which waits for the device work that uses them, and,
-// if closing, blocks of OS memory are cached for Close to release (nothing
-// can wait for their work: see the package doc). Blocks it cannot settle
-// stay quarantined. mu held.
-func (a *Allocator) settleOrphans(closing bool) error {
-	if len(a.orphans) == 0 {
+// settleQuarantine ends the quarantine of blocks freed after a stream
+// recorded on them was destroyed. With a driver that can wait for a whole
+// device (backend.DeviceSynchronizer) it waits for every device once
+// (Stats.NumDeviceSyncs) and caches them. Otherwise MallocHost blocks go
+// back to the driver through FreeHostWithDevSync, which waits for the
+// device work that uses them, and, if closing, blocks of OS memory are
+// cached for Close to release (nothing can wait for their work: see the
+// package doc). Blocks it cannot settle stay quarantined. Without
+// quarantined blocks it does nothing. mu held.
+func (a *Allocator) settleQuarantine(closing bool) error {
+	if len(a.quarantine) == 0 {
 		return nil
 	}
 	if ds, ok := a.drv.(backend.DeviceSynchronizer); ok {
+		a.st.NumDeviceSyncs++
 		for dev := range a.idle {
 			if err := ds.DeviceSynchronize(dev); err != nil {
 				return err
 			}
 		}
-		for _, b := range a.orphans {
-			b.orphan = false
+		// Every device is idle: the events of free-pending blocks are
+		// complete too.
+		a.processEvents()
+		for _, b := range a.quarantine {
+			a.unquarantine(b)
 			a.cache(b)
 		}
-		clear(a.orphans)
-		a.orphans = a.orphans[:0]
+		clear(a.quarantine)
+		a.quarantine = a.quarantine[:0]
 		return nil
 	}
 	var errs []error
-	kept := a.orphans[:0]
-	for _, b := range a.orphans {
+	kept := a.quarantine[:0]
+	for _, b := range a.quarantine {
 		switch {
 		case b.mem == nil:
 			if err := a.freeWithDevSync(b); err != nil {
@@ -246,15 +263,23 @@ func (a *Allocator) settleOrphans(closing bool) error {
 				kept = append(kept, b)
 			}
 		case closing:
-			b.orphan = false
+			a.unquarantine(b)
 			a.cache(b)
 		default:
 			kept = append(kept, b)
 		}
 	}
-	clear(a.orphans[len(kept):])
-	a.orphans = kept
+	clear(a.quarantine[len(kept):])
+	a.quarantine = kept
 	return errors.Join(errs...)
+}
+
+// unquarantine counts quarantined block b out of the quarantine; the
+// caller lists it out and caches or releases it. mu held.
+func (a *Allocator) unquarantine(b *block) {
+	b.quarantined = false
+	a.st.Quarantined.Add(-1)
+	a.st.QuarantinedBytes.Add(-int64(b.size))
 }
 
 // freeWithDevSync gives quarantined MallocHost block b back to the driver
@@ -271,7 +296,7 @@ func (a *Allocator) freeWithDevSync(b *block) error {
 	}
 	a.st.Active.Add(-1)
 	a.st.ActiveBytes.Add(-int64(b.size))
-	b.orphan = false
+	a.unquarantine(b)
 	a.forget(b)
 	return nil
 }

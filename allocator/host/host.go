@@ -15,23 +15,24 @@ import (
 type Allocator struct {
 	drv     backend.Driver
 	hm      backend.HostMemory
+	sv      backend.StreamValidator // asks the driver whether a caller's stream exists; immutable
 	cfg     Config
 	classes sizeClasses
 
-	mu        sync.Mutex
-	closed    bool                            // Close was called; mu
-	blocks    map[uintptr]*block              // every block the driver gave us, by host address; mu
-	free      [][]*block                      // cached blocks per class, LIFO; mu
-	spans     *btree.BTreeG[span]             // blocks and registrations by start address; mu
-	streams   map[backend.Stream]*streamState // streams named by RecordStream; mu
-	slist     []*streamState                  // the same, in first-use order; mu
-	idle      [][]backend.Event               // recorded-and-done or never-recorded events per device; mu
-	pending   int                             // blocks in stateFreePending; mu
-	gone      int                             // streams in slist the driver no longer knows; mu
-	orphans   []*block                        // free-pending blocks whose recorded stream is gone; mu
-	st        Stats                           // mu
-	scratch   []pendingEvent                  // reusable buffer of insertEvents; mu
-	scratchSS []*streamState                  // the streams of scratch; mu
+	mu         sync.Mutex
+	closed     bool                            // Close was called; mu
+	blocks     map[uintptr]*block              // every block the driver gave us, by host address; mu
+	free       [][]*block                      // cached blocks per class, LIFO; mu
+	spans      *btree.BTreeG[span]             // blocks and registrations by start address; mu
+	streams    map[backend.Stream]*streamState // streams named by RecordStream, live when last asked; mu
+	slist      []*streamState                  // the same, in first-use order; mu
+	idle       [][]backend.Event               // recorded-and-done or never-recorded events per device; mu
+	pending    int                             // blocks in stateFreePending; mu
+	gone       int                             // streams in slist the driver no longer knows; mu
+	quarantine []*block                        // free-pending blocks whose recorded stream is gone (see the package doc); mu
+	st         Stats                           // mu
+	scratch    []pendingEvent                  // reusable buffer of insertEvents; mu
+	scratchSS  []*streamState                  // the streams of scratch; mu
 }
 
 // blockState is where a block is in its life (see the package doc).
@@ -39,7 +40,7 @@ type blockState uint8
 
 const (
 	stateAllocated   blockState = iota + 1 // handed out by Malloc
-	stateFreePending                       // freed, waiting for events on the streams that used it
+	stateFreePending                       // freed, waiting for events on the streams that used it, or quarantined
 	stateCached                            // in its class's free list
 )
 
@@ -57,17 +58,23 @@ func (s blockState) String() string {
 
 // block is one pinned allocation from the driver, never split.
 type block struct {
-	ptr    uintptr          // host address
-	size   uint64           // nbytes obtained: the class size
-	class  int              // index into Allocator.free
-	req    uint64           // nbytes asked for by the current allocation; 0 unless allocated
-	state  blockState       //
-	devPtr uintptr          // device address of the block, 0 until known
-	reg    bool             // the allocator holds a HostRegister of the whole block
-	mem    []byte           // UseHostRegister: the OS mapping (nil with MallocHost)
-	uses   []backend.Stream // streams recorded on the current allocation; capacity kept for reuse
-	events int              // events still pending, while stateFreePending
-	orphan bool             // free-pending on a stream that no longer exists: in Allocator.orphans
+	ptr    uintptr    // host address
+	size   uint64     // nbytes obtained: the class size
+	class  int        // index into Allocator.free
+	req    uint64     // nbytes asked for by the current allocation; 0 unless allocated
+	state  blockState //
+	devPtr uintptr    // device address of the block, 0 until known
+	reg    bool       // the allocator holds a HostRegister of the whole block
+	mem    []byte     // UseHostRegister: the OS mapping (nil with MallocHost)
+	// uses are the streams recorded on the current allocation, as the
+	// states RecordStream validated: a stream found destroyed since is
+	// gone there even if the driver gave its id to a new stream.
+	// Capacity kept for reuse.
+	uses   []*streamState
+	events int // events still pending, while stateFreePending
+	// quarantined: free-pending because a stream recorded on it was
+	// destroyed; listed in Allocator.quarantine, without events.
+	quarantined bool
 }
 
 // registration is a range the program owns and registered through Register.
@@ -141,15 +148,21 @@ type Stats struct {
 	ReservedBytes   stats.Stat // nbytes of those blocks
 	Registered      stats.Stat // ranges registered with Register (count)
 	RegisteredBytes stats.Stat // nbytes of those ranges
+	// Quarantined counts the free-pending blocks freed after a stream
+	// recorded on them was destroyed, which wait for a device-wide
+	// synchronize (see the package doc); Allocated is how many blocks ever
+	// were.
+	Quarantined      stats.Stat
+	QuarantinedBytes stats.Stat // nbytes of those blocks
 
 	CacheHits       int64 // Malloc served from the cache
 	NumHostAlloc    int64 // blocks obtained from the driver
 	NumHostFree     int64 // blocks given back to the driver
 	NumEventsCreate int64 // events created (the pool grows to the peak of pending events)
 	NumEventRecords int64 // events recorded by Free
-	NumSyncFallback int64 // stream or device waits because an event could not be recorded
+	NumSyncFallback int64 // stream waits because an event could not be recorded on a live stream
+	NumDeviceSyncs  int64 // device-wide waits that ended a quarantine (EmptyCache, out of memory, Close)
 	NumOOMs         int64 // Malloc calls that failed for lack of memory
-	NumOrphaned     int64 // blocks freed after a stream recorded on them was destroyed (quarantined)
 }
 
 // New creates a host allocator over drv, which must implement
@@ -168,6 +181,7 @@ func New(drv backend.Driver, cfg Config) (*Allocator, error) {
 	a := &Allocator{
 		drv:     drv,
 		hm:      hm,
+		sv:      backend.NewStreamValidator(drv, backend.AnyDevice),
 		cfg:     cfg,
 		classes: sizeClasses{shift: uint(log2(cfg.RoundupDivisions))},
 		blocks:  make(map[uintptr]*block),
@@ -231,14 +245,15 @@ func (a *Allocator) Malloc(size uint64) (uintptr, error) {
 	return b.ptr, nil
 }
 
-// Free returns ptr to the cache. It never waits: if streams were recorded
-// on the block (RecordStream), an event is recorded on each and the block
-// is reused only once they have all completed. If the driver cannot record
-// an event, Free waits for that stream instead (or, for a stream that no
-// longer exists, for its device, where the driver can); if that fails too,
-// Free returns the error and nothing changes, except for a stream the driver
-// no longer knows: then the block is quarantined (see the package doc,
-// "Streams that disappear") and Free succeeds.
+// Free returns ptr to the cache. If streams were recorded on the block
+// (RecordStream), an event is recorded on each and the block is reused only
+// once they have all completed; Free does not wait for them. If one of
+// those streams has been destroyed since, no event can be recorded on it:
+// the block is quarantined, still without waiting (see the package doc,
+// "Streams that disappear"), and Free succeeds. Free waits only if the
+// driver fails to give or record an event on a live stream: it then
+// synchronizes that stream, and if that fails too, returns the error with
+// nothing changed.
 func (a *Allocator) Free(ptr uintptr) error {
 	a.mu.Lock()
 	defer a.mu.Unlock()
@@ -249,26 +264,27 @@ func (a *Allocator) Free(ptr uintptr) error {
 	if b == nil || b.state != stateAllocated {
 		return a.badPointer(ptr)
 	}
+	quarantine := false
 	if len(b.uses) > 0 {
-		if err := a.insertEvents(b); err != nil {
-			var gone *streamGoneError
-			if !errors.As(err, &gone) {
-				return err
-			}
-			// No event can order the reuse: quarantine the block.
-			b.orphan = true
-			a.orphans = append(a.orphans, b)
-			a.st.NumOrphaned++
+		var err error
+		if quarantine, err = a.insertEvents(b); err != nil {
+			return err
 		}
 	}
 	a.st.Allocation.Add(-1)
 	a.st.AllocatedBytes.Add(-int64(b.size))
 	a.st.RequestedBytes.Add(-int64(b.req))
 	b.req = 0
+	clear(b.uses)
 	b.uses = b.uses[:0]
 	switch {
-	case b.orphan:
+	case quarantine:
+		// No event can order the reuse after the destroyed stream's work.
 		b.state = stateFreePending
+		b.quarantined = true
+		a.quarantine = append(a.quarantine, b)
+		a.st.Quarantined.Add(1)
+		a.st.QuarantinedBytes.Add(int64(b.size))
 	case b.events > 0:
 		b.state = stateFreePending
 		a.pending++
@@ -323,6 +339,8 @@ func (a *Allocator) badPointer(ptr uintptr) error {
 		return fmt.Errorf("%w: %#x lies in the range registered at %#x (use Unregister)", ErrUnknownPointer, ptr, s.start)
 	case s.start != ptr && s.b.state == stateAllocated:
 		return fmt.Errorf("%w: %#x is %d bytes into the block at %#x", ErrInteriorPointer, ptr, ptr-s.start, s.start)
+	case s.b.state == stateFreePending && s.start == ptr && s.b.quarantined:
+		return fmt.Errorf("%w: %#x (quarantined: a stream recorded on it was destroyed)", ErrDoubleFree, ptr)
 	case s.b.state == stateFreePending && s.start == ptr:
 		return fmt.Errorf("%w: %#x (free pending on stream events)", ErrDoubleFree, ptr)
 	default:
@@ -334,6 +352,12 @@ func (a *Allocator) badPointer(ptr uintptr) error {
 // stream s (host↔device copies): when ptr is freed, its memory is reused
 // only after the work queued on s by then has completed. Recording a
 // stream twice is a no-op.
+//
+// Every call asks the driver whether s still exists (StreamDevice, a
+// lookup that waits for nothing), so a stream destroyed after the
+// allocator had seen it is refused like one it never saw: with an error
+// wrapping ErrInvalidStream and a *backend.StreamError, as the device
+// allocator's RecordStream refuses it. The block is left as it was.
 func (a *Allocator) RecordStream(ptr uintptr, s backend.Stream) error {
 	a.mu.Lock()
 	defer a.mu.Unlock()
@@ -344,38 +368,56 @@ func (a *Allocator) RecordStream(ptr uintptr, s backend.Stream) error {
 	if b == nil || b.state != stateAllocated {
 		return a.badPointer(ptr)
 	}
-	if _, err := a.stream(s); err != nil {
+	ss, err := a.stream(s)
+	if err != nil {
 		return err
 	}
 	for _, u := range b.uses {
-		if u == s {
+		if u == ss {
 			return nil
 		}
 	}
-	b.uses = append(b.uses, s)
+	b.uses = append(b.uses, ss)
 	return nil
 }
 
-// stream returns the state of s, asking the driver for its device on
-// first use. mu held.
+// stream validates s with the driver and returns its state, learning it
+// on first use. A stream the allocator knows that the driver no longer
+// does, or whose id now names a stream of another device (the driver
+// reused the id of a destroyed one), is forgotten: its events still
+// pending stay listed, and blocks freed later that name it are
+// quarantined. If the driver cannot answer, its error is returned and
+// nothing changes. mu held.
 func (a *Allocator) stream(s backend.Stream) (*streamState, error) {
-	if ss, ok := a.streams[s]; ok {
+	dev, err := a.sv.Validate(s)
+	ss, known := a.streams[s]
+	switch {
+	case err != nil:
+		return nil, a.refuseStream(ss, err)
+	case known && ss.dev == dev:
 		return ss, nil
+	case known:
+		a.forgetStream(ss)
 	}
-	if s == 0 {
-		return nil, fmt.Errorf("%w: stream 0 (name a stream made by StreamCreate)", ErrInvalidStream)
-	}
-	dev, err := a.drv.StreamDevice(s)
-	if err != nil {
-		return nil, fmt.Errorf("%w: stream %d: %w", ErrInvalidStream, s, err)
-	}
-	if dev < 0 || dev >= len(a.idle) {
-		return nil, fmt.Errorf("%w: stream %d is on device %d of %d", ErrInvalidStream, s, dev, len(a.idle))
-	}
-	ss := &streamState{stream: s, dev: dev}
+	ss = &streamState{stream: s, dev: dev}
 	a.streams[s] = ss
 	a.slist = append(a.slist, ss)
 	return ss, nil
+}
+
+// refuseStream returns the error for a stream the validator did not
+// accept, forgetting its state ss (nil if unknown) when the driver refused
+// the stream itself rather than failed to answer. Apart from stream, so
+// that a valid stream's check allocates nothing. mu held.
+func (a *Allocator) refuseStream(ss *streamState, err error) error {
+	var se *backend.StreamError
+	if !errors.As(err, &se) {
+		return err
+	}
+	if ss != nil {
+		a.forgetStream(ss)
+	}
+	return fmt.Errorf("%w: %w", ErrInvalidStream, err)
 }
 
 // DevicePointer returns the device address of host address p, which lies
@@ -469,12 +511,12 @@ func (a *Allocator) ResetAccumulatedStats() {
 		s.ResetAccumulated()
 	}
 	a.st.CacheHits, a.st.NumHostAlloc, a.st.NumHostFree = 0, 0, 0
-	a.st.NumEventsCreate, a.st.NumEventRecords, a.st.NumSyncFallback, a.st.NumOOMs, a.st.NumOrphaned = 0, 0, 0, 0, 0
+	a.st.NumEventsCreate, a.st.NumEventRecords, a.st.NumSyncFallback, a.st.NumDeviceSyncs, a.st.NumOOMs = 0, 0, 0, 0, 0
 }
 
 func (s *Stats) stats() []*stats.Stat {
 	return []*stats.Stat{&s.Allocation, &s.AllocatedBytes, &s.RequestedBytes, &s.Active, &s.ActiveBytes,
-		&s.Segment, &s.ReservedBytes, &s.Registered, &s.RegisteredBytes}
+		&s.Segment, &s.ReservedBytes, &s.Registered, &s.RegisteredBytes, &s.Quarantined, &s.QuarantinedBytes}
 }
 
 // MemoryAllocated is the nbytes of allocated blocks.

@@ -14,6 +14,7 @@ import (
 	"github.com/stretchr/testify/require"
 	"github.com/vmmalloc/vmmalloc/backend"
 	"github.com/vmmalloc/vmmalloc/backend/emulated"
+	"github.com/vmmalloc/vmmalloc/stats"
 )
 
 const (
@@ -477,11 +478,11 @@ func TestUseAfterClose(t *testing.T) {
 		"Register":      func() error { return a.Register(own, 4*kib, backend.HostRegisterPinned) },
 		"Unregister":    func() error { return a.Unregister(own) },
 		"EmptyCache":    func() error { return a.EmptyCache() },
+		"Check":         func() error { return a.Check() },
 		"Close":         func() error { return a.Close() },
 	} {
 		require.ErrorIs(t, call(), ErrClosed, name)
 	}
-	require.NoError(t, a.Check())
 }
 
 func TestNewRefusesDriverWithoutHostMemory(t *testing.T) {
@@ -643,8 +644,9 @@ func TestFreeAfterStreamDestroyed(t *testing.T) {
 	require.NoError(t, a.Free(p))
 	st := a.Stats()
 	assert.Equal(t, int64(2), st.Active.Current, "p quarantined, q allocated")
-	assert.Equal(t, int64(1), st.NumOrphaned)
-	assert.Equal(t, int64(1), st.NumSyncFallback)
+	assert.Equal(t, stats.Stat{Current: 1, Peak: 1, Allocated: 1}, st.Quarantined)
+	assert.Equal(t, stats.Stat{Current: 8 * kib, Peak: 8 * kib, Allocated: 8 * kib}, st.QuarantinedBytes)
+	assert.Zero(t, st.NumSyncFallback, "no wait was tried on the destroyed stream")
 	assert.Equal(t, 2, e.Live().PendingWork, "Free did not wait")
 	require.ErrorIs(t, a.Free(p), ErrDoubleFree)
 	mustCheck(t, a, e)
@@ -657,7 +659,7 @@ func TestFreeAfterStreamDestroyed(t *testing.T) {
 	records := e.Calls(backend.OpEventRecord)
 	require.NoError(t, a.Free(q))
 	assert.Equal(t, records, e.Calls(backend.OpEventRecord))
-	assert.Equal(t, int64(2), a.Stats().NumOrphaned)
+	assert.Equal(t, int64(2), a.Stats().Quarantined.Current)
 	mustCheck(t, a, e)
 	// Out of memory: the quarantined blocks go back through
 	// FreeHostWithDevSync (r, cached, is released too).
@@ -668,6 +670,8 @@ func TestFreeAfterStreamDestroyed(t *testing.T) {
 	st = a.Stats()
 	assert.Equal(t, int64(1), st.Segment.Current)
 	assert.Equal(t, int64(1), st.Active.Current)
+	assert.Zero(t, st.Quarantined.Current)
+	assert.Zero(t, st.QuarantinedBytes.Current)
 	require.NoError(t, a.Free(big))
 	mustCheck(t, a, e)
 }
@@ -814,28 +818,54 @@ func TestRegisterDriverRefusal(t *testing.T) {
 }
 
 // With a driver that can wait for a whole device, Free of a block whose
-// stream was destroyed waits for the device once and caches the block: it
-// is reused at once and nothing is quarantined.
+// stream was destroyed still does not wait (issue 16 §2: it synchronized
+// the device, waiting for unrelated work): the block is quarantined and
+// counted, never reused while the destroyed stream's work may touch it,
+// and EmptyCache ends the quarantine with one device synchronize, after
+// which the block is reused.
 func TestFreeAfterStreamDestroyedDeviceSync(t *testing.T) {
 	a, e := newHost(t, "", emulated.WithManualCompletion())
 	s, err := e.StreamCreate(0)
 	require.NoError(t, err)
+	other, err := e.StreamCreate(0) // unrelated work Free must not wait for
+	require.NoError(t, err)
 	p, err := a.Malloc(8 * kib)
 	require.NoError(t, err)
 	require.NoError(t, e.Launch(s, p, 8*kib))
+	require.NoError(t, e.Launch(other, 0, 0))
 	require.NoError(t, a.RecordStream(p, s))
 	require.NoError(t, e.StreamDestroy(s))
-	syncs := e.Calls(backend.OpDeviceSync)
+	calls := e.CallCounts()
 	require.NoError(t, a.Free(p))
-	assert.Equal(t, syncs+1, e.Calls(backend.OpDeviceSync), "one device synchronize")
-	assert.Zero(t, e.Live().PendingWork, "the destroyed stream's work completed")
+	after := e.CallCounts()
+	for _, op := range []backend.Op{backend.OpDeviceSync, backend.OpStreamSync, backend.OpEventSync} {
+		assert.Equal(t, calls[op], after[op], "Free waited: %v", op)
+	}
+	assert.Equal(t, 2, e.Live().PendingWork, "neither the destroyed stream's work nor the other's completed")
 	st := a.Stats()
-	assert.Zero(t, st.NumOrphaned)
-	assert.Zero(t, st.Active.Current)
+	assert.Equal(t, int64(1), st.Quarantined.Current)
+	assert.Equal(t, int64(8*kib), st.QuarantinedBytes.Current)
+	assert.Equal(t, int64(1), st.Active.Current, "quarantined blocks are active")
+	require.ErrorIs(t, a.Free(p), ErrDoubleFree)
+	mustCheck(t, a, e)
+
 	q, err := a.Malloc(8 * kib)
 	require.NoError(t, err)
-	assert.Equal(t, p, q, "the cached block is reused")
-	assert.Empty(t, e.Violations())
+	assert.NotEqual(t, p, q, "a quarantined block is not reused")
 	require.NoError(t, a.Free(q))
+
+	require.NoError(t, a.EmptyCache())
+	assert.Equal(t, calls[backend.OpDeviceSync]+1, e.Calls(backend.OpDeviceSync), "one device synchronize")
+	assert.Zero(t, e.Live().PendingWork, "the destroyed stream's work completed")
+	st = a.Stats()
+	assert.Zero(t, st.Quarantined.Current)
+	assert.Zero(t, st.QuarantinedBytes.Current)
+	assert.Equal(t, int64(1), st.NumDeviceSyncs)
+	assert.Zero(t, st.Segment.Current, "both blocks given back")
+	assert.Empty(t, e.Violations())
 	mustCheck(t, a, e)
+	syncs := e.Calls(backend.OpDeviceSync)
+	require.NoError(t, a.EmptyCache())
+	assert.Equal(t, syncs, e.Calls(backend.OpDeviceSync), "no quarantine, no wait")
+	require.NoError(t, e.StreamDestroy(other))
 }

@@ -4,6 +4,8 @@ import (
 	"errors"
 	"math"
 	"math/rand/v2"
+	"reflect"
+	"strings"
 	"sync"
 	"testing"
 
@@ -12,13 +14,14 @@ import (
 	"github.com/vmmalloc/vmmalloc/backend"
 )
 
-// TestClosedBeforeArguments: after Close every method returns ErrClosed,
-// whatever its arguments; a bad argument is not reported first (the device
-// allocator's contract, issue 7 §3).
+// TestClosedBeforeArguments: after Close every method that can fail
+// returns ErrClosed, whatever its arguments, and calls no driver; a bad
+// argument is not reported first (the device allocator's contract, issue 7
+// §3; Check too, issue 16 §2).
 func TestClosedBeforeArguments(t *testing.T) {
 	a, e := newHost(t, "")
 	require.NoError(t, a.Close())
-	for _, tc := range []struct {
+	cases := []struct {
 		name string
 		call func() error
 	}{
@@ -32,12 +35,28 @@ func TestClosedBeforeArguments(t *testing.T) {
 		{"Register size 0", func() error { return a.Register(4*kib, 0, backend.HostRegisterMapped) }},
 		{"Register bad flags", func() error { return a.Register(4*kib, 4*kib, 3) }},
 		{"Unregister ^0", func() error { return a.Unregister(^uintptr(0)) }},
-	} {
+		{"RecordStream ^0, stream ^0", func() error { return a.RecordStream(^uintptr(0), ^backend.Stream(0)) }},
+		{"EmptyCache", a.EmptyCache},
+		{"Check", a.Check}, // issue 16 §2: it returned nil
+		{"Close", a.Close},
+	}
+	covered := map[string]bool{}
+	for _, tc := range cases {
+		covered[strings.Fields(tc.name)[0]] = true
 		t.Run(tc.name, func(t *testing.T) {
 			calls := e.CallCounts()
 			require.ErrorIs(t, tc.call(), ErrClosed)
 			assert.Equal(t, calls, e.CallCounts())
 		})
+	}
+	// Every method that returns an error is in the table.
+	errType := reflect.TypeFor[error]()
+	typ := reflect.TypeOf(a)
+	for i := range typ.NumMethod() {
+		m := typ.Method(i)
+		if n := m.Type.NumOut(); n > 0 && m.Type.Out(n-1) == errType {
+			assert.True(t, covered[m.Name], "%s is not tried after Close", m.Name)
+		}
 	}
 }
 

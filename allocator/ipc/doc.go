@@ -6,17 +6,16 @@
 //
 // An allocation lies in one or more physical handles of a segment
 // (allocator.Allocator.Spans says which, and where). The exporting side
-// (Exporter) retains a driver reference to each handle (RetainHandle) and
-// exports it to a shareable handle once: a driver exports a handle at most
-// once (R15), so the Exporter caches the shareable per handle and reuses it
-// for every allocation that lies in the same handle. It keeps the
-// reference until its own Close, so the physical memory outlives the
-// allocator's use of it while importers may still come. An Export carries a
-// Descriptor: the device, the exporter's pid, the exported size, the offset
-// of the allocation in the first handle, and per handle its shareable,
-// size and offset in the layout. Descriptors encode to JSON and to a
-// compact binary form; decoding validates, so hostile bytes give an error
-// wrapping ErrBadDescriptor.
+// (Exporter) registers the handles with the allocator
+// (allocator.Allocator.ShareSpans), retains a driver reference to each
+// (RetainHandle) and exports it to a shareable handle once: a driver
+// exports a handle at most once (R15), so the Exporter caches the
+// shareable per handle and reuses it for every allocation that lies in the
+// same handle. An Export carries a Descriptor: the device, the exporter's
+// pid, the exported size, the offset of the allocation in the first
+// handle, and per handle its shareable, size and offset in the layout.
+// Descriptors encode to JSON and to a compact binary form; decoding
+// validates, so hostile bytes give an error wrapping ErrBadDescriptor.
 //
 // The importing side (Import) reserves a fresh address range as large as
 // the handles, imports every shareable handle, maps each in order and sets
@@ -52,17 +51,63 @@
 //
 // # Lifecycle
 //
-// A handle on the exporting side:
+// Three parties hold references to an exported handle: the allocator
+// (while a segment maps it), the Exporter (while it may be exported
+// again or is named by an open Export), and each importer (while its
+// Mapping is open). The driver frees the memory when the last lets go
+// (R3, R17). A handle's life on the exporting side:
 //
-//	mapped by the allocator ──Export──▶ retained+exported (cached shareable)
-//	      ▲                                  │ more Exports reuse it
-//	      │                                  ▼
-//	      └────────── Exporter.Close ◀── no open Export names it
+//	             allocator maps h (created, or taken from its HandleCache)
+//	                              │ Exporter.Export (ShareSpans registers h:
+//	                              │ never cached again; RetainHandle; driver Export)
+//	                              ▼
+//	    ┌──────────── mapped, exported; Exporter holds h + shareable ◀──┐
+//	    │ allocator unmaps h        │ Export.Close          another Export of
+//	    │ (Free, then EmptyCache,   │ (exports → 0)         memory in h reuses
+//	    │ a release, the OOM        ▼                       the shareable (R15)
+//	    │ ladder, Close)      mapped, exported, no open Export ───────────┘
+//	    │                           │ allocator unmaps h: ReleaseUnmapped
+//	    ▼                           ▼
+//	held by the exporter     Exporter frees its reference at once
+//	(exports > 0: counted    (FreePhysical); the allocator frees its own,
+//	in ExporterHeldBytes,    never caches h ─────────────┐
+//	OutOfMemoryError)                                    ▼
+//	    │ last Export.Close (ReleaseShared)     no reference on this side:
+//	    └──────────────────────────────────────▶ the driver frees the memory
+//	                                             once no importer maps it (R3)
+//
+// So the memory of an allocation goes back to the driver once no open
+// Export names its handles, the allocator has unmapped them and no
+// importer maps them; one Exporter can serve the allocator's whole life
+// (the weight-sync pattern of RL frameworks: each step Malloc, Export, the
+// peer imports, reads and closes its Mapping, then Export.Close, Free,
+// EmptyCache: device memory stays at one copy). While the allocator maps a
+// handle the Exporter keeps its reference and shareable even with no open
+// Export, because the driver would refuse to export it again (R15) for a
+// neighbour allocation in the same handle. An exported handle never goes
+// back to the allocator's HandleCache, since a peer may still map it:
+// reusing it would show the peer another allocation's data.
+//
+// Only the allocator's lock frees the Exporter's reference to a handle the
+// allocator has unmapped (the allocator calls ReleaseUnmapped, with its
+// lock held, when it unmaps the handle, and again from Export.Close's
+// ReleaseShared, EmptyCache and the OOM ladder while the Exporter keeps
+// it), so the driver cannot reuse the handle's value while the allocator
+// still has it registered. Lock order: the allocator's lock, then the
+// Exporter's; the Exporter calls the allocator (ShareSpans,
+// ReleaseShared) only without its own lock.
 //
 // An Export is open from Exporter.Export until Export.Close; an Exporter
 // refuses to close while Exports are open. A failing Export leaves no
-// Export and no extra reference (handles the driver did export stay cached
-// until Exporter.Close, since they cannot be exported again).
+// Export and no extra reference (handles the driver did export stay
+// cached while the allocator maps them, since they cannot be exported
+// again; a reference whose free failed is kept and freed later). Exporter
+// Close frees every reference it holds; the handles the allocator still
+// maps stay exported by the driver until the allocator unmaps them.
+//
+// After Close, every call on an Exporter, Export or Server other than
+// Close returns an error wrapping ErrClosed (Exported reads 0); Close is
+// idempotent on them and on Mapping.
 //
 // An import:
 //
@@ -72,8 +117,9 @@
 //
 // Use one Exporter per allocator for the allocator's lifetime: a handle
 // stays exported while the allocator maps it, so after an Exporter's Close
-// another Exporter cannot export the same handle again (the driver refuses,
-// R15, and the error wraps backend.ErrInvalidArgument).
+// another Exporter cannot export the same handle until the allocator has
+// unmapped it (the allocator refuses, as the driver would, R15, with an
+// error wrapping backend.ErrInvalidArgument).
 //
 // The exporter must keep an allocation live while it is exported: the
 // allocator would hand freed memory out again, and importers would see it

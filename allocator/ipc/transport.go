@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"net"
 	"os"
+	"sync"
 
 	"golang.org/x/sys/unix"
 
@@ -40,7 +41,8 @@ func AllowPids(pids ...int32) func(Cred) error {
 // Server hands a descriptor to peers over a Unix socket of type
 // "unixpacket" (SOCK_SEQPACKET: one message per descriptor). It checks
 // every peer's credentials first; a peer Allow refuses gets a refusal and
-// no fds.
+// no fds. The zero Server (with Allow set) is ready to use; after Close,
+// Send and Serve return errors wrapping ErrClosed.
 type Server struct {
 	// Allow admits a peer (nil: nobody). Its error should wrap
 	// backend.ErrNotPermitted.
@@ -49,6 +51,40 @@ type Server struct {
 	// handles: backend/cuda) with SCM_RIGHTS, for the peer to import.
 	// Without it the shareables travel as numbers (ACL, the emulator).
 	PassFDs bool
+
+	mu      sync.Mutex
+	serving map[*net.UnixListener]bool // listeners Serve accepts on; mu
+	closed  bool                       // mu
+}
+
+// Close stops the Server: it closes every listener Serve is accepting on
+// (those Serve calls return nil), and Send and Serve return errors
+// wrapping ErrClosed afterwards. A Send in progress completes. Close is
+// idempotent.
+func (s *Server) Close() error {
+	s.mu.Lock()
+	if s.closed {
+		s.mu.Unlock()
+		return nil
+	}
+	s.closed = true
+	ls := s.serving
+	s.serving = nil
+	s.mu.Unlock()
+	var errs []error
+	for l := range ls {
+		if err := l.Close(); err != nil && !errors.Is(err, net.ErrClosed) {
+			errs = append(errs, err)
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// isClosed reports whether Close was called.
+func (s *Server) isClosed() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.closed
 }
 
 // Wire format: one message, status byte then, for statusOK, the binary
@@ -82,6 +118,9 @@ func PeerCred(conn *net.UnixConn) (Cred, error) {
 // Send checks the peer on conn and sends it d, or a refusal. The error
 // wraps backend.ErrNotPermitted when the peer was refused.
 func (s *Server) Send(conn *net.UnixConn, d Descriptor) error {
+	if s.isClosed() {
+		return fmt.Errorf("ipc: send on a closed Server: %w", ErrClosed)
+	}
 	c, err := PeerCred(conn)
 	if err != nil {
 		return err
@@ -116,10 +155,27 @@ func (s *Server) Send(conn *net.UnixConn, d Descriptor) error {
 	return err
 }
 
-// Serve accepts peers on l and sends d to each (Send), until l is closed;
-// then it returns nil. A refused or failed peer does not stop it: report,
-// if not nil, hears of every peer's outcome.
+// Serve accepts peers on l and sends d to each (Send), until l is closed
+// (by the caller or by Close); then it returns nil. A refused or failed
+// peer does not stop it: report, if not nil, hears of every peer's
+// outcome. On a closed Server it returns an error wrapping ErrClosed and
+// leaves l open.
 func (s *Server) Serve(l *net.UnixListener, d Descriptor, report func(Cred, error)) error {
+	s.mu.Lock()
+	if s.closed {
+		s.mu.Unlock()
+		return fmt.Errorf("ipc: serve on a closed Server: %w", ErrClosed)
+	}
+	if s.serving == nil {
+		s.serving = make(map[*net.UnixListener]bool)
+	}
+	s.serving[l] = true
+	s.mu.Unlock()
+	defer func() {
+		s.mu.Lock()
+		delete(s.serving, l)
+		s.mu.Unlock()
+	}()
 	for {
 		conn, err := l.AcceptUnix()
 		if err != nil {

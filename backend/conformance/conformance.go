@@ -669,6 +669,12 @@ func (s *suite) streamsAndEvents() {
 
 	require.NoError(s.t, s.d.EventDestroy(ev))
 	require.NoError(s.t, s.d.StreamDestroy(st))
+	// A destroyed stream is unknown to StreamDevice, with ErrInvalidArgument:
+	// backend.StreamValidator, and so both allocators, rely on it.
+	_, err = s.d.StreamDevice(st)
+	require.ErrorIs(s.t, err, backend.ErrInvalidArgument)
+	assert.True(s.t, backend.NewStreamValidator(s.d, 0).Gone(st))
+	assert.False(s.t, backend.NewStreamValidator(s.d, 0).Gone(st2))
 	require.NoError(s.t, s.d.StreamDestroy(st2))
 }
 
