@@ -6,13 +6,34 @@
 //
 // # Data model
 //
-// One Allocator serves one device. It has two pools, small (rounded
-// requests ≤ 1 MiB) and large, each with its own page size (2 MiB and
-// 20 MiB by default: the handle size kept in its handle cache). A segment is one
-// virtual address reservation (package segment) whose range is tiled by
-// blocks (package arena). Every free mapped block sits in the free list of its
-// stream and pool, a TLSF index giving the exact best fit (smallest, then
-// lowest address). A block's life:
+// One Allocator serves one device. Its memory is split two ways:
+//
+//   - by size class (PyTorch's small and large "pools"; sizeClass here):
+//     small (rounded requests ≤ 1 MiB) and large, each with its own page
+//     size (2 MiB and 20 MiB by default: the handle size kept in its handle
+//     cache) and its own reservations;
+//   - by memory pool (Pool, PyTorch's MemPool; pool.go): the default pool
+//     (the allocator's own cache, which Malloc uses) and up to 64 private
+//     pools (NewPool). A block of one pool never serves another pool's
+//     Malloc.
+//
+// What the device shares and what each pool owns:
+//
+//	Allocator (the device)                 Pool (each)
+//	  streams, their events (primary         an owner per stream: its free
+//	    stream states, streams.go)             lists in the heap, its active
+//	  reservations per size class            count; its idle owner (memory of
+//	    (segments; VA bound independent        released streams)
+//	    of pools)                            the handles its blocks lie in
+//	  handle caches, OOM ladder, hooks       limit, segment kind, statistics
+//	  the aggregate statistics
+//
+// A segment is one virtual address reservation (package segment) whose
+// range is tiled by blocks (package arena). The heap labels every block
+// with an owner (arena.StreamID): one per stream and pool, so a block's
+// pool is its owner's, and a free list is one owner's in one size class,
+// a TLSF index giving the exact best fit (smallest, then lowest address).
+// A block's life:
 //
 //	Unmapped ──map handles──▶ Free ──Malloc──▶ Allocated ──Free──▶ Free
 //	    ▲                      │                   │
@@ -38,8 +59,9 @@
 //
 // # Handles belong to one stream at a time
 //
-// Handles are mapped for one stream, and every block inside a mapped
-// handle belongs to that stream; once the stream's blocks in a handle are
+// Handles are mapped for one owner (a stream in a pool), and every block
+// inside a mapped handle belongs to that owner, so no handle is shared by
+// two pools or two streams; once the stream's blocks in a handle are
 // all free they coalesce, and the handle can be unmapped after
 // synchronising only that stream. Unmapped address space belongs to no
 // stream, so every stream of a pool shares one reservation. Before a pool
@@ -57,13 +79,16 @@
 //
 // PyTorch reserves 9/8 of device memory per stream and pool, and many
 // streams × devices exhaust the 128 TiB user address space (pytorch#192269).
-// Here a pool's streams share its reservations: each expandable segment
-// reserves 9/8 of device memory (the 1/8 lets memory be remapped past holes;
-// at most segment.MaxGranules granules, 32 TiB at 2 MiB)
-// and a pool has at most max_segments_per_pool (default 2) of them, so the
-// address space reserved per device is at most 2 pools × 2 × 9/8 = 4.5× the
-// device memory, however many streams are used. A second reservation is made
-// only when no unmapped run of the first fits.
+// Here every stream and every memory pool share the reservations of a size
+// class: each expandable segment reserves 9/8 of device memory (the 1/8
+// lets memory be remapped past holes; at most segment.MaxGranules
+// granules, 32 TiB at 2 MiB) and a size class has at most
+// max_segments_per_pool (default 2) of them, so the address space reserved
+// per device is at most 2 size classes × 2 × 9/8 = 4.5× the device memory,
+// however many streams and pools (up to 64 private ones) are used
+// (TestPoolSharesReservations). A second reservation is made only when no
+// unmapped run of the first fits. Classic segments are reserved per growth,
+// mapped whole, for the pool that grew.
 //
 // # Out-of-memory ladder
 //
@@ -76,11 +101,18 @@
 //     cleanups of the Buffers it found unreachable (they Free), and
 //     retries; Mallocs that would grow meanwhile wait for it (owned.go);
 //  2. waits for every pending stream event (freeing the blocks waiting on
-//     them), unmaps every free handle of every stream (synchronising each
-//     such stream once; interior handles of free blocks too), releases empty
-//     segments and cached handles, and retries (num_alloc_retries);
+//     them), unmaps every free handle of every stream in every pool
+//     (synchronising each such stream; interior handles of free blocks
+//     too), so no pool starves for memory another pool only caches,
+//     releases empty segments and cached handles, and retries
+//     (num_alloc_retries);
 //  3. returns an *OutOfMemoryError stating the request, device total and
 //     free memory, allocated bytes, and reserved-but-unallocated bytes.
+//
+// A growth that would take a pool past its own memory limit
+// (PoolOptions.MemoryLimit) releases only that pool's free memory, retries
+// once, and returns an *OutOfMemoryError whose PoolLimit says the pool's
+// limit, not the device, was hit: other pools' caches are theirs.
 //
 // Completed events are processed at the start of every Malloc that has
 // some pending.
@@ -287,6 +319,27 @@
 // (quiesceWaits), so they never see a Releasing or Mapping block, a
 // releasing stream or a block being freed (Check reports any left); a
 // growth in flight and a Malloc waiting for one count as waits there.
+//
+// Pools add no lock: every pool's state is guarded by Allocator.mu.
+//
+// Segment hooks (hooks.go) are called without mu, each serialised by the
+// hook's own mutex: lock order hook.mu, then Allocator.mu (a callback may
+// call Stats or Spans, which take mu), and mu is never held when a hook's
+// mutex is taken. A growth's Mapped reports run in mapGrowth's window,
+// after MapOp.Run and before EndMap, with the range still Mapping (a
+// classic growth reports its new segment before adding it to the heap);
+// an unmap's reports run where its range is Releasing: in
+// releaseStreamPool's window after the stream synchronize and before
+// UnmapOp.Run, or in flushUnmaps for the releases that run under mu when
+// no hook is attached (releaseBlock queues them while one is; every call
+// that may queue one flushes before it unlocks, in Allocator.unlock, and
+// growth flushes before it maps). AddSegmentHook takes its view after
+// quiesceWaits and an empty queue, and holds the new hook's mutex across
+// its catch-up, so later reports to it come after. A hook that refuses or
+// panics in Mapped fails the growth with a full rollback; a panic in
+// Unmapped is recovered. Callbacks must not call methods that wait for
+// the work running them (Malloc, Free, EmptyCache, Check, snapshots,
+// Close, RemoveSegmentHook).
 //
 // Lock order: Allocator.mu, then the driver's locks. An exporter's lock
 // (ShareHolder, exported.go: allocator/ipc's Exporter) comes after mu: the
