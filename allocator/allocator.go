@@ -523,7 +523,7 @@ func (a *Allocator) mallocSlow(p *Pool, size uint64, stream backend.Stream) (uin
 	if b == arena.NoBlock {
 		if b, err = a.allocSlow(ss, cl, rounded, size); err != nil {
 			if a.hist != nil {
-				a.histOOM(size, ss.stream, err)
+				a.histOOM(size, ss.stream, ss.pool.id, err)
 			}
 			return 0, err
 		}
@@ -894,9 +894,12 @@ func (a *Allocator) ResetAccumulatedStats() {
 }
 
 // Summary is a memory_summary()-style table of the statistics.
+//
+// Once private pools exist, a table of every pool follows: its ID, name,
+// segment kind, limit, and current and peak allocated and reserved bytes.
 func (a *Allocator) Summary() string {
 	s := a.Stats()
-	return stats.Summary(&s, a.dev, false)
+	return stats.Summary(&s, a.dev, false) + a.poolSummary()
 }
 
 // MemoryAllocated is the bytes in allocated blocks (torch.cuda.memory_allocated).

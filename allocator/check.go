@@ -549,6 +549,9 @@ func (a *Allocator) snapshotLocked() stats.Snapshot {
 		for id := r.Head; id != arena.NoBlock; id = a.heap.Next(id) {
 			b, _ := a.heap.Block(id)
 			bi := stats.BlockInfo{Address: b.Addr, Size: b.Size, RequestedSize: b.Requested, Stream: uint64(b.Stream)}
+			if b.State != arena.Unmapped {
+				bi.Pool = a.blockPool(b)
+			}
 			switch b.State {
 			case arena.Allocated:
 				bi.State = stats.BlockActiveAllocated

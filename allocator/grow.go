@@ -288,7 +288,7 @@ func (a *Allocator) growClassic(ss *streamState, cl *sizeClass, rounded uint64) 
 			st.OversizeSegments.Add(1)
 		}
 	}
-	a.histReserve(true, s.Base(), int64(s.MappedBytes()), ss.stream)
+	a.histReserve(true, s.Base(), int64(s.MappedBytes()), ss)
 	return head, nil
 }
 
@@ -409,7 +409,7 @@ func (a *Allocator) growExpandable(ss *streamState, cl *sizeClass, rounded uint6
 			return arena.NoBlock, fmt.Errorf("%w: %w", ErrCorrupt, err)
 		}
 		a.addReserved(p, cl.kind, int64(mapLen))
-		a.histReserve(false, addr, int64(mapLen), p.idle.stream)
+		a.histReserve(false, addr, int64(mapLen), p.idle)
 		return arena.NoBlock, fmt.Errorf("%w: stream %d was released while a Malloc on it grew the pool", ErrInvalidStream, stream)
 	}
 	b, err := h.CommitMap(m, ss.sid)
@@ -417,7 +417,7 @@ func (a *Allocator) growExpandable(ss *streamState, cl *sizeClass, rounded uint6
 		return arena.NoBlock, fmt.Errorf("%w: %w", ErrCorrupt, err)
 	}
 	a.addReserved(p, cl.kind, int64(mapLen))
-	a.histReserve(false, addr, int64(mapLen), ss.stream)
+	a.histReserve(false, addr, int64(mapLen), ss)
 	if h.Size(b) < rounded {
 		// A free neighbour the growth counted on was allocated while mu
 		// was dropped; the memory mapped stays free on ss.
@@ -578,7 +578,7 @@ func (a *Allocator) adoptStrayMappings(ss *streamState, cl *sizeClass, sg *seg, 
 			continue
 		}
 		a.addReserved(ss.pool, cl.kind, int64(hi-lo))
-		a.histReserve(false, at, int64(hi-lo), ss.stream)
+		a.histReserve(false, at, int64(hi-lo), ss)
 	}
 }
 
@@ -609,7 +609,7 @@ func (a *Allocator) dropSeg(sg *seg, mapped uint64) {
 	cl := sg.class
 	h := a.heap
 	info, _ := h.Region(sg.rid)
-	a.histReserve(!sg.expandable, sg.base, -int64(mapped), h.Stream(h.StreamOf(info.Head)))
+	a.histReserve(!sg.expandable, sg.base, -int64(mapped), a.states[h.StreamOf(info.Head)])
 	for id := info.Head; id != arena.NoBlock; id = h.Next(id) {
 		b, _ := h.Block(id)
 		if b.State == arena.Unmapped || b.StreamID == 0 {
@@ -676,7 +676,7 @@ func (a *Allocator) addZombie(s *segment.Segment, kind stats.PoolKind, p *Pool) 
 func (a *Allocator) recountZombie(z *zombie) {
 	now := z.s.MappedBytes()
 	a.addReserved(z.pool, z.kind, int64(now)-int64(z.counted))
-	a.histReserve(true, z.s.Base(), int64(now)-int64(z.counted), 0)
+	a.histReserve(true, z.s.Base(), int64(now)-int64(z.counted), nil)
 	z.counted = now
 }
 

@@ -231,11 +231,19 @@ func (h *history) callerStack() uint32 {
 	return id
 }
 
-func (h *history) record(action stats.TraceAction, addr uintptr, size uint64, s backend.Stream, stack uint32) {
+func (h *history) record(action stats.TraceAction, addr uintptr, size uint64, s backend.Stream, stack uint32, pool PoolID) {
 	h.ring.Record(stats.TraceEntry{
 		Action: action, Addr: addr, Size: size, Stream: uint64(s),
-		TimeNs: time.Now().UnixNano(), Stack: stack,
+		TimeNs: time.Now().UnixNano(), Stack: stack, Pool: pool,
 	})
+}
+
+// blockPool is the PoolID of the pool owning block b. mu held.
+func (a *Allocator) blockPool(b arena.BlockInfo) PoolID {
+	if o := a.states[b.StreamID]; o != nil {
+		return o.pool.id
+	}
+	return PoolID{}
 }
 
 // histAlloc records that Malloc handed out b for size bytes. Called
@@ -252,7 +260,7 @@ func (a *Allocator) histAlloc(id arena.BlockID, size uint64) {
 	c := h.count(profKey{stack: stack, stream: b.Stream, pool: a.classes[a.heap.PoolOf(id)].kind})
 	c.allocs++
 	c.allocBytes += int64(b.Size)
-	h.record(stats.TraceAlloc, b.Addr, size, b.Stream, stack)
+	h.record(stats.TraceAlloc, b.Addr, size, b.Stream, stack, a.blockPool(b))
 }
 
 // histFreeRequested records that Free was called on allocated block b,
@@ -272,9 +280,9 @@ func (a *Allocator) histFreeRequested(id arena.BlockID) {
 	c := h.count(profKey{stack: allocID, stream: b.Stream, pool: a.classes[a.heap.PoolOf(id)].kind})
 	c.frees++
 	c.freeBytes += int64(b.Size)
-	h.record(stats.TraceFreeRequested, b.Addr, b.Requested, b.Stream, h.callerStack())
+	h.record(stats.TraceFreeRequested, b.Addr, b.Requested, b.Stream, h.callerStack(), a.blockPool(b))
 	if b.Events == 0 {
-		h.record(stats.TraceFreeCompleted, b.Addr, b.Requested, b.Stream, 0)
+		h.record(stats.TraceFreeCompleted, b.Addr, b.Requested, b.Stream, 0, a.blockPool(b))
 	}
 }
 
@@ -282,14 +290,14 @@ func (a *Allocator) histFreeRequested(id arena.BlockID) {
 // back in its pool (before freeBlock clears its requested size). mu held.
 func (a *Allocator) histFreeCompleted(id arena.BlockID) {
 	b, _ := a.heap.Block(id)
-	a.hist.record(stats.TraceFreeCompleted, b.Addr, b.Requested, b.Stream, 0)
+	a.hist.record(stats.TraceFreeCompleted, b.Addr, b.Requested, b.Stream, 0, a.blockPool(b))
 }
 
 // histOOM records a Malloc of size bytes on s that failed with err.
 // Called directly from Malloc. mu held.
 //
 //go:noinline
-func (a *Allocator) histOOM(size uint64, s backend.Stream, err error) {
+func (a *Allocator) histOOM(size uint64, s backend.Stream, pool PoolID, err error) {
 	var oom *OutOfMemoryError
 	if !errors.As(err, &oom) {
 		return
@@ -299,15 +307,22 @@ func (a *Allocator) histOOM(size uint64, s backend.Stream, err error) {
 	}
 	// As in PyTorch, an oom entry's address field holds the device's free
 	// bytes.
-	a.hist.record(stats.TraceOOM, uintptr(oom.Free), size, s, a.hist.callerStack())
+	a.hist.record(stats.TraceOOM, uintptr(oom.Free), size, s, a.hist.callerStack(), pool)
 }
 
 // histReserve records a change of reserved memory: a segment mapped or
 // created (bytes > 0) or unmapped or released (bytes < 0). A no-op when
 // recording is off or bytes is 0. mu held.
-func (a *Allocator) histReserve(classic bool, addr uintptr, bytes int64, s backend.Stream) {
+func (a *Allocator) histReserve(classic bool, addr uintptr, bytes int64, owner *streamState) {
 	if a.hist == nil || bytes == 0 {
 		return
+	}
+	var (
+		s    backend.Stream
+		pool PoolID
+	)
+	if owner != nil {
+		s, pool = owner.stream, owner.pool.id
 	}
 	var action stats.TraceAction
 	switch {
@@ -320,7 +335,7 @@ func (a *Allocator) histReserve(classic bool, addr uintptr, bytes int64, s backe
 	default:
 		action = stats.TraceSegmentUnmap
 	}
-	a.hist.record(action, addr, uint64(max(bytes, -bytes)), s, 0)
+	a.hist.record(action, addr, uint64(max(bytes, -bytes)), s, 0, pool)
 }
 
 // histHandOver records mapped memory changing streams without a driver
@@ -328,18 +343,18 @@ func (a *Allocator) histReserve(classic bool, addr uintptr, bytes int64, s backe
 // an unmap from the old stream, then a map for the new one. Reserved bytes
 // only dip between the two, so replaying the history keeps its peak. mu
 // held.
-func (a *Allocator) histHandOver(addr uintptr, size uint64, from, to backend.Stream) {
+func (a *Allocator) histHandOver(addr uintptr, size uint64, from, to backend.Stream, pool PoolID) {
 	if a.hist == nil || size == 0 {
 		return
 	}
-	a.hist.record(stats.TraceSegmentUnmap, addr, size, from, 0)
-	a.hist.record(stats.TraceSegmentMap, addr, size, to, 0)
+	a.hist.record(stats.TraceSegmentUnmap, addr, size, from, 0, pool)
+	a.hist.record(stats.TraceSegmentMap, addr, size, to, 0, pool)
 }
 
 // histEmptyCache records a call of EmptyCache. mu held.
 func (a *Allocator) histEmptyCache() {
 	if a.hist != nil {
-		a.hist.record(stats.TraceEmptyCache, 0, 0, 0, 0)
+		a.hist.record(stats.TraceEmptyCache, 0, 0, 0, 0, PoolID{})
 	}
 }
 

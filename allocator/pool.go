@@ -5,6 +5,9 @@ import (
 	"fmt"
 	"math"
 	"sort"
+	"strings"
+
+	"github.com/dustin/go-humanize"
 
 	"github.com/vmmalloc/vmmalloc/arena"
 	"github.com/vmmalloc/vmmalloc/backend"
@@ -552,4 +555,34 @@ func (a *Allocator) poolOwnersAll(p *Pool) []*streamState {
 		add(a.vanished[id])
 	}
 	return out
+}
+
+// poolSummary is Summary's table of pools; "" while no private pool was
+// ever made.
+func (a *Allocator) poolSummary() string {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if !a.pooled {
+		return ""
+	}
+	var b strings.Builder
+	fmt.Fprintf(&b, "%-10s %-16s %-10s %10s %21s %21s\n", "pool", "name", "segments", "limit", "allocated cur/peak", "reserved cur/peak")
+	for _, p := range a.pools {
+		if p == nil {
+			continue
+		}
+		st := &p.st
+		kind, limit := "expandable", "-"
+		if !p.expandable {
+			kind = "classic"
+		}
+		if p.limit != math.MaxUint64 {
+			limit = humanize.IBytes(p.limit)
+		}
+		fmt.Fprintf(&b, "%-10s %-16s %-10s %10s %10s/%10s %10s/%10s\n",
+			fmt.Sprintf("(%d,%d)", p.id[0], p.id[1]), p.name, kind, limit,
+			humanize.IBytes(uint64(st.AllocatedBytes[stats.AllPools].Current)), humanize.IBytes(uint64(st.AllocatedBytes[stats.AllPools].Peak)),
+			humanize.IBytes(uint64(st.ReservedBytes[stats.AllPools].Current)), humanize.IBytes(uint64(st.ReservedBytes[stats.AllPools].Peak)))
+	}
+	return b.String()
 }

@@ -1,6 +1,7 @@
 package allocator
 
 import (
+	"bytes"
 	"errors"
 	"fmt"
 	"math"
@@ -495,4 +496,45 @@ func TestPoolsRace(t *testing.T) {
 	}
 	mustCheck(t, a, e)
 	assert.Len(t, a.Pools(), 1)
+}
+
+// TestPoolInHistoryAndSnapshot: trace entries, snapshot blocks, the
+// memory viewer's segment_pool_id and Summary carry the pool.
+func TestPoolInHistoryAndSnapshot(t *testing.T) {
+	a, e := newAlloc(t, "")
+	require.NoError(t, a.RecordHistory(HistoryOptions{MaxEntries: 100}))
+	p, err := a.NewPool(PoolOptions{Name: "graph", ID: PoolID{3, 0}, MemoryLimit: 1 << 30})
+	require.NoError(t, err)
+	x, err := p.Malloc(5<<20, 0)
+	require.NoError(t, err)
+	y, err := a.Malloc(4<<20, 0)
+	require.NoError(t, err)
+	h, ok := a.History()
+	require.True(t, ok)
+	pools := map[stats.TraceAction][]PoolID{}
+	for _, en := range h.Entries {
+		pools[en.Action] = append(pools[en.Action], PoolID(en.Pool))
+	}
+	assert.Equal(t, []PoolID{{3, 0}, {}}, pools[stats.TraceAlloc])
+	assert.Equal(t, []PoolID{{3, 0}, {}}, pools[stats.TraceSegmentMap])
+	snap := a.Snapshot()
+	var seen []PoolID
+	for _, sg := range snap.Segments {
+		for _, b := range sg.Blocks {
+			if b.State == stats.BlockActiveAllocated {
+				seen = append(seen, PoolID(b.Pool))
+			}
+		}
+	}
+	assert.ElementsMatch(t, []PoolID{{3, 0}, {}}, seen)
+	var buf bytes.Buffer
+	require.NoError(t, a.WriteSnapshot(&buf))
+	// segment_pool_id (3, 0) pickled as two small ints and a TUPLE2.
+	assert.Contains(t, buf.String(), "segment_pool_idK\x03K\x00\x86")
+	sum := a.Summary()
+	assert.Contains(t, sum, "(3,0)      graph            expandable    1.0 GiB")
+	assert.Contains(t, sum, "(0,0)      default")
+	require.NoError(t, a.Free(x))
+	require.NoError(t, a.Free(y))
+	mustCheck(t, a, e)
 }

@@ -149,7 +149,7 @@ func (a *Allocator) adoptRange(ss *streamState, sg *seg, start arena.BlockID, lo
 		}
 		if b.StreamID != ss.sid && a.hist != nil {
 			plo, phi := max(off, lo), min(off+b.Size, hi)
-			a.histHandOver(sg.base+uintptr(plo), phi-plo, b.Stream, ss.stream)
+			a.histHandOver(sg.base+uintptr(plo), phi-plo, b.Stream, ss.stream, ss.pool.id)
 		}
 	}
 	got, err := a.heap.AdoptRange(from, fromOff, hi-lo, ss.sid)

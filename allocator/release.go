@@ -494,7 +494,7 @@ func (a *Allocator) commitReleased(ss *streamState, rel arena.BlockID, sg *seg, 
 		return errors.Join(err, fmt.Errorf("%w: %w", ErrCorrupt, cerr))
 	}
 	if done > 0 {
-		a.histReserve(false, addr, -int64(done), ss.stream)
+		a.histReserve(false, addr, -int64(done), ss)
 		a.addReserved(ss.pool, sg.class.kind, -int64(done))
 		a.maybeDropEmpty(sg)
 	}
@@ -553,7 +553,7 @@ func (a *Allocator) releaseBlock(ss *streamState, b arena.BlockID, limit uint64)
 	if done == 0 {
 		return err
 	}
-	a.histReserve(false, sg.base+uintptr(lo), -int64(done), ss.stream)
+	a.histReserve(false, sg.base+uintptr(lo), -int64(done), ss)
 	a.addReserved(ss.pool, cl.kind, -int64(done))
 	a.maybeDropEmpty(sg)
 	return err

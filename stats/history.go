@@ -41,6 +41,9 @@ type TraceEntry struct {
 	// Stack names the Go call stack of the caller that caused the entry in
 	// its recorder's stack table (1-based); 0 when none was recorded.
 	Stack uint32 `json:"stack,omitempty"`
+	// Pool is the memory pool of the block or segment, as PyTorch's
+	// MempoolId_t; (0, 0) for the default pool.
+	Pool [2]uint64 `json:"pool,omitzero"`
 }
 
 // MaxHistoryEntries caps the capacity NewHistory preallocates (4Mi

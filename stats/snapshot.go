@@ -21,6 +21,9 @@ type BlockInfo struct {
 	// Stack names the Go call stack of the Malloc that allocated the block
 	// in its recorder's stack table (1-based); 0 when none was recorded.
 	Stack uint32 `json:"stack,omitempty"`
+	// Pool is the memory pool owning the block (PyTorch's MempoolId_t);
+	// (0, 0) for the default pool and for unmapped blocks.
+	Pool [2]uint64 `json:"pool,omitzero"`
 }
 
 // SegmentInfo describes one segment: for an expandable segment, its whole

@@ -213,7 +213,7 @@ func validate(d Device) error {
 }
 
 // writeSegment writes sg as one PyTorch segment per maximal run of mapped
-// blocks of one stream.
+// blocks of one stream and memory pool (segment_pool_id).
 func writeSegment(p *pickler, fw *frameWriter, dev int, sg stats.SegmentInfo) {
 	blocks := sg.Blocks
 	for len(blocks) > 0 {
@@ -222,7 +222,7 @@ func writeSegment(p *pickler, fw *frameWriter, dev int, sg stats.SegmentInfo) {
 			continue
 		}
 		n := 1
-		for n < len(blocks) && blocks[n].State != stats.BlockUnmapped && blocks[n].Stream == blocks[0].Stream {
+		for n < len(blocks) && blocks[n].State != stats.BlockUnmapped && blocks[n].Stream == blocks[0].Stream && blocks[n].Pool == blocks[0].Pool {
 			n++
 		}
 		writeRun(p, fw, dev, sg, blocks[:n])
@@ -259,8 +259,8 @@ func writeRun(p *pickler, fw *frameWriter, dev int, sg stats.SegmentInfo, run []
 	p.string("segment_type")
 	p.string(segType)
 	p.string("segment_pool_id")
-	p.int(0) // (0, 0): the default pool; read by Python tools only
-	p.int(0)
+	p.uint(run[0].Pool[0]) // (0, 0): the default pool; read by Python tools only
+	p.uint(run[0].Pool[1])
 	p.bytes(opTuple2)
 	p.string("is_expandable")
 	p.boolean(sg.IsExpandable)
