@@ -504,6 +504,9 @@ func (a *Allocator) mallocSlow(p *Pool, size uint64, stream backend.Stream) (uin
 		return 0, fmt.Errorf("%w: %d bytes is larger than device %d's %d bytes", ErrInvalidSize, size, a.dev, a.total)
 	}
 	rounded := a.roundSize(size)
+	if p.align != 0 && rounded <= a.maxBlock {
+		rounded = roundUp(rounded, p.align)
+	}
 	if rounded < size || rounded > a.maxBlock { // wrapped past 2^64, or beyond any segment
 		return 0, fmt.Errorf("%w: %d bytes rounds up to more than the largest block one segment holds (%d bytes)", ErrInvalidSize, size, a.maxBlock)
 	}

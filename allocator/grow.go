@@ -321,7 +321,25 @@ func (a *Allocator) growExpandable(ss *streamState, cl *sizeClass, rounded uint6
 		u      arena.BlockID
 		mapLen uint64
 	)
+	align := ss.pool.align
+	alignSkip := func(c arena.BlockID) uint64 { // bytes from c's start to an aligned address
+		if align == 0 {
+			return 0
+		}
+		at := uint64(h.Addr(c))
+		return roundUp(at, align) - at
+	}
 	h.AscendUnmapped(uint8(cl.idx), func(c arena.BlockID) bool {
+		if align != 0 {
+			// An aligned pool maps aligned ranges of whole alignment
+			// units (rounded is one already) and merges with no
+			// neighbour it was not aligned with.
+			if skip := alignSkip(c); skip < h.Size(c) && h.Size(c)-skip >= rounded {
+				u, mapLen = c, rounded
+				return false
+			}
+			return true
+		}
 		pre := freeSize(h.Prev(c))
 		size := h.Size(c)
 		need := roundUp(rounded-min(pre, rounded-1), a.gran)
@@ -348,7 +366,7 @@ func (a *Allocator) growExpandable(ss *streamState, cl *sizeClass, rounded uint6
 		}
 		s, err := segment.New(a.drv, segment.Config{
 			Device: a.dev, Prop: backend.DeviceProp(a.dev), PageSize: cl.pageSize, Cut: segment.CutFromStart,
-			VASize: max(cl.vaSize, roundUp(mapLen, cl.pageSize)), Cache: cl.cache, Counters: &a.counters,
+			VASize: max(cl.vaSize, roundUp(mapLen+align, cl.pageSize)), Cache: cl.cache, Counters: &a.counters,
 			Unmapped: a.handleUnmapped,
 		})
 		if err != nil {
@@ -375,8 +393,9 @@ func (a *Allocator) growExpandable(ss *streamState, cl *sizeClass, rounded uint6
 		return arena.NoBlock, backend.Errorf(backend.OpMap, backend.ErrOutOfMemory, "", "per_process_memory_fraction cap %d bytes reached", a.allowed)
 	}
 	sg := a.segOfBlock(u)
-	addr := h.Addr(u)
-	m, err := h.BeginMap(u, 0, mapLen)
+	skip := alignSkip(u)
+	addr := h.Addr(u) + uintptr(skip)
+	m, err := h.BeginMap(u, skip, mapLen)
 	if err != nil {
 		return arena.NoBlock, fmt.Errorf("%w: %w", ErrCorrupt, err)
 	}
@@ -456,7 +475,10 @@ func (a *Allocator) mapGrowth(sg *seg, p *Pool, off, n uint64) error {
 		op  *segment.MapOp
 		err error
 	)
-	if cl := sg.class; cl.handleSize > cl.pageSize && n >= cl.handleSize {
+	if cl := sg.class; p.align != 0 {
+		// Handles of whole alignment units from an aligned start.
+		op, err = sg.s.BeginMapLarge(off, n, roundUp(max(cl.handleSize, cl.pageSize), p.align))
+	} else if cl.handleSize > cl.pageSize && n >= cl.handleSize {
 		op, err = sg.s.BeginMapLarge(off, n, cl.handleSize)
 	} else {
 		op, err = sg.s.BeginMap(off, n)

@@ -94,6 +94,13 @@ type PoolOptions struct {
 	MemoryLimit uint64
 	// Segments selects expandable or classic segments for this pool.
 	Segments SegmentKind
+	// Alignment, when not 0, aligns the pool's handles and allocations:
+	// every allocation starts at a multiple of it and is rounded up to
+	// one, and lies in handles whose addresses and sizes are multiples of
+	// it (NVLS multicast needs the multicast granularity, far above
+	// 2 MiB; pytorch#148374). It must be a power of two and a multiple of
+	// the driver's granularity, and needs expandable segments.
+	Alignment uint64
 }
 
 // ErrPoolBusy is returned by Pool.Close while the pool has live
@@ -124,6 +131,8 @@ type Pool struct {
 	// limit is the most bytes the pool may have mapped; math.MaxUint64
 	// when none. Fixed at creation.
 	limit uint64
+	// align is PoolOptions.Alignment (0: the granule). Fixed at creation.
+	align uint64
 	// st is the pool's own statistics, counted while Allocator.pooled; mu.
 	st stats.HotCounters
 	// idle owns the memory of released and vanished streams in this pool
@@ -161,6 +170,18 @@ func (a *Allocator) NewPool(o PoolOptions) (*Pool, error) {
 	if o.MemoryLimit != 0 && o.MemoryLimit < a.gran {
 		return nil, fmt.Errorf("%w: PoolOptions.MemoryLimit: %d bytes is below one granule (%d bytes)", ErrInvalidConfig, o.MemoryLimit, a.gran)
 	}
+	if al := o.Alignment; al != 0 {
+		switch {
+		case al&(al-1) != 0:
+			return nil, fmt.Errorf("%w: PoolOptions.Alignment: %d is not a power of two", ErrInvalidConfig, al)
+		case al < a.gran || al%a.gran != 0:
+			return nil, fmt.Errorf("%w: PoolOptions.Alignment: %d is not a multiple of the driver granularity %d", ErrInvalidConfig, al, a.gran)
+		case al > a.total:
+			return nil, fmt.Errorf("%w: PoolOptions.Alignment: %d is larger than the device's %d bytes", ErrInvalidConfig, al, a.total)
+		case o.Segments == SegmentsClassic || o.Segments == SegmentsDefault && !a.cfg.ExpandableSegments:
+			return nil, fmt.Errorf("%w: PoolOptions.Alignment needs expandable segments", ErrInvalidConfig)
+		}
+	}
 	live := 0
 	for _, p := range a.pools[1:] {
 		if p == nil {
@@ -191,6 +212,9 @@ func (a *Allocator) NewPool(o PoolOptions) (*Pool, error) {
 	}
 	if o.MemoryLimit != 0 {
 		p.limit = o.MemoryLimit
+	}
+	if o.Alignment > a.gran {
+		p.align = o.Alignment
 	}
 	p.st.MaxSplitSize = a.st.MaxSplitSize
 	var err error
@@ -273,6 +297,9 @@ func (p *Pool) Malloc(size uint64, stream backend.Stream) (uintptr, error) {
 			rounded := (size + minBlockSize - 1) &^ (minBlockSize - 1)
 			if !a.plainRound {
 				rounded = a.roundSize(size)
+			}
+			if p.align != 0 {
+				rounded = roundUp(rounded, p.align) // size-1 < a.total: no wrap
 			}
 			cl := a.classFor(rounded)
 			maxSize, minSplit := a.fitLimits(p.expandable, cl, rounded)

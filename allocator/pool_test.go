@@ -538,3 +538,81 @@ func TestPoolInHistoryAndSnapshot(t *testing.T) {
 	require.NoError(t, a.Free(y))
 	mustCheck(t, a, e)
 }
+
+// TestPoolAlignment: an aligned pool's allocations and the handles behind
+// them start at multiples of the alignment and have sizes that are
+// multiples of it, however other pools' handles fragment the shared
+// reservations.
+func TestPoolAlignment(t *testing.T) {
+	a, e := newAlloc(t, "")
+	const align = 8 << 20
+	p, err := a.NewPool(PoolOptions{Alignment: align})
+	require.NoError(t, err)
+	s2, err := e.StreamCreate(0)
+	require.NoError(t, err)
+	rng := rand.New(rand.NewPCG(5, 5))
+	var live, other []uintptr
+	for i := 0; i < 200; i++ {
+		// The default pool maps odd-sized ranges between the aligned
+		// pool's, so unmapped runs start anywhere on the granule grid.
+		if o, err := a.Malloc(uint64(1+rng.IntN(5<<20)), 0); err == nil {
+			other = append(other, o)
+		}
+		s := backend.Stream(0)
+		if rng.IntN(2) == 0 {
+			s = s2
+		}
+		ptr, err := p.Malloc(uint64(1+rng.IntN(30<<20)), s)
+		require.NoError(t, err)
+		require.Zero(t, ptr%align, "allocation %#x", ptr)
+		size, spans, err := a.Spans(ptr)
+		require.NoError(t, err)
+		require.Zero(t, size%align)
+		for _, sp := range spans {
+			require.Zero(t, sp.VA%align, "handle %#x", sp.VA)
+			require.Zero(t, sp.Size%align, "handle %#x+%d", sp.VA, sp.Size)
+		}
+		live = append(live, ptr)
+		if rng.IntN(3) > 0 {
+			j := rng.IntN(len(live))
+			require.NoError(t, a.Free(live[j]))
+			live = append(live[:j], live[j+1:]...)
+		}
+		if len(other) > 0 && rng.IntN(2) == 0 {
+			j := rng.IntN(len(other))
+			require.NoError(t, a.Free(other[j]))
+			other = append(other[:j], other[j+1:]...)
+		}
+		if i%40 == 0 {
+			require.NoError(t, p.EmptyCache())
+			mustCheck(t, a, e)
+		}
+	}
+	for _, ptr := range append(live, other...) {
+		require.NoError(t, a.Free(ptr))
+	}
+	mustCheck(t, a, e)
+	require.NoError(t, a.ReleaseStream(s2))
+	require.NoError(t, e.StreamDestroy(s2))
+
+	for _, c := range []struct {
+		name string
+		o    PoolOptions
+	}{
+		{"not a power of two", PoolOptions{Alignment: 3 << 20}},
+		{"below the granularity", PoolOptions{Alignment: 1 << 20}},
+		{"one byte", PoolOptions{Alignment: 1}},
+		{"above the device", PoolOptions{Alignment: 1 << 62}},
+		{"classic segments", PoolOptions{Alignment: 8 << 20, Segments: SegmentsClassic}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			n := len(a.Pools())
+			_, err := a.NewPool(c.o)
+			require.ErrorIs(t, err, ErrInvalidConfig)
+			assert.Len(t, a.Pools(), n)
+		})
+	}
+	q, err := a.NewPool(PoolOptions{Alignment: a.Granularity()}) // the granule: no constraint
+	require.NoError(t, err)
+	require.NoError(t, q.Close())
+}
