@@ -410,16 +410,28 @@ func (a *Allocator) growExpandable(ss *streamState, cl *sizeClass, rounded uint6
 	if err != nil {
 		owner := ss
 		var herr *SegmentHookError
-		if !a.owns(ss) || ss.stream != stream || errors.As(err, &herr) {
-			// A hook refused the range: what the rollback could not
-			// unmap is not handed out (the idle owner's memory serves no
-			// Malloc; its next release retries).
+		if !a.owns(ss) || ss.stream != stream || errors.As(err, &herr) || len(a.hooks) > 0 {
+			// With hooks (or when one refused the range), what the
+			// rollback could not unmap was never reported mapped: it is
+			// not handed out (the idle owner's memory serves no Malloc;
+			// its next release retries the unmap).
 			owner = p.idle
 		}
 		if _, aerr := h.AbortMap(m); aerr != nil {
 			return arena.NoBlock, errors.Join(err, fmt.Errorf("%w: %w", ErrCorrupt, aerr))
 		}
-		a.adoptStrayMappings(owner, cl, sg, addr, mapLen)
+		if strays := a.adoptStrayMappings(owner, cl, sg, addr, mapLen); len(strays) > 0 && herr == nil {
+			// Report them so that the idle owner's release reports a
+			// range the hooks know (best effort: a refusal changes
+			// nothing, the memory is never handed out).
+			hs := a.hookList()
+			_ = a.waitUnlocked(func() error {
+				for _, r := range strays {
+					_ = reportMapped(hs, r)
+				}
+				return nil
+			})
+		}
 		a.maybeDropEmpty(sg)
 		return arena.NoBlock, err
 	}
@@ -580,7 +592,10 @@ func (a *Allocator) defragBeforeGrow(ss *streamState, cl *sizeClass, rounded uin
 // failed too: handles the segment still has mapped inside it are unmapped
 // again, and any that stay mapped become free blocks of ss, so the
 // allocator's view stays true and the memory stays usable. mu held.
-func (a *Allocator) adoptStrayMappings(ss *streamState, cl *sizeClass, sg *seg, addr uintptr, n uint64) {
+//
+// With hooks attached it returns the ranges it made free blocks of ss.
+func (a *Allocator) adoptStrayMappings(ss *streamState, cl *sizeClass, sg *seg, addr uintptr, n uint64) []SegmentRange {
+	var strays []SegmentRange
 	lo0 := uint64(addr - sg.base)
 	hi0 := lo0 + n
 	for _, r := range sg.s.MappedRuns() {
@@ -604,7 +619,11 @@ func (a *Allocator) adoptStrayMappings(ss *streamState, cl *sizeClass, sg *seg, 
 		}
 		a.addReserved(ss.pool, cl.kind, int64(hi-lo))
 		a.histReserve(false, at, int64(hi-lo), ss)
+		if len(a.hooks) > 0 {
+			strays = append(strays, a.segRange(sg, ss.pool, at, hi-lo))
+		}
 	}
+	return strays
 }
 
 // addSeg adds sg to the heap, tiled by one block in state st (Free on sid,

@@ -8,11 +8,13 @@ import (
 
 // FuzzAllocator runs operation sequences against the default configuration
 // (expandable segments) on a 512 MiB device, with three streams besides the
-// default one, every stream held until the input completes its work.
+// default one, every stream held until the input completes its work, and
+// three private pools (a limited, an isolated and a classic one) that
+// Mallocs draw from, watched by a registrar hook (pools_test.go).
 func FuzzAllocator(f *testing.F) {
 	f.Fuzz(func(t *testing.T, data []byte) {
 		h := newHarness(t, harnessConfig{
-			conf: "handle_cache_mb:64", capacity: 512 * mib, streams: 3, manual: true,
+			conf: "handle_cache_mb:64", capacity: 512 * mib, streams: 3, manual: true, pools: true,
 		})
 		h.run(data)
 		h.finish()
@@ -60,6 +62,7 @@ func configFor(b [4]byte) harnessConfig {
 		streams:   int(b[3]>>2&3) + 1,
 		closeLive: b[3]&0x10 != 0,
 		manual:    b[3]&0x20 == 0,
+		pools:     b[3]&0x40 != 0,
 	}
 }
 
@@ -67,8 +70,9 @@ func configFor(b [4]byte) harnessConfig {
 // input's first four bytes: expandable or classic segments, page sizes,
 // max_split_size, release threshold, handle cache, VA budget, rounding,
 // defragmentation, growth handle size, memory fraction and garbage collection, capacity,
-// streams, whether streams are held, and whether the allocator is closed
-// with blocks still allocated.
+// streams, whether streams are held, whether the allocator is closed
+// with blocks still allocated, and whether private pools and a registrar
+// hook take part (pools_test.go).
 func FuzzAllocatorConfig(f *testing.F) {
 	f.Fuzz(func(t *testing.T, data []byte) {
 		var cb [4]byte

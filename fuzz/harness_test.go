@@ -36,6 +36,10 @@ type harnessConfig struct {
 	streams   int    // streams besides the allocator's default one
 	closeLive bool   // finish closes with blocks still allocated instead of freeing them
 	manual    bool   // every stream is held (WithManualCompletion)
+	// pools adds private pools (limited, isolated, classic; pools_test.go)
+	// that Mallocs draw from, and a registrar hook whose ordering
+	// guarantees are checked after every operation.
+	pools bool
 }
 
 // liveBlock is the model of one allocated block.
@@ -51,6 +55,7 @@ type liveBlock struct {
 	// retired: its stream was released or destroyed, so the allocator may
 	// have relabelled it to its idle owner.
 	retired bool
+	pool    int // index in harness.pools; 0 is the default pool
 }
 
 // guard is a freed range that work on stream s (up to its seq-th launch)
@@ -109,6 +114,9 @@ type harness struct {
 	ops       int
 	trace     []string
 	keepTrace bool // keep the whole trace (tests that inspect it)
+
+	pools []*allocator.Pool // [0] the default pool; private ones with cfg.pools
+	reg   *registrar        // the registrar hook's model; nil without cfg.pools
 }
 
 func newHarness(t testing.TB, hc harnessConfig) *harness {
@@ -144,6 +152,10 @@ func newHarness(t testing.TB, hc harnessConfig) *harness {
 	}
 	h.foreign, err = e.StreamCreate(1)
 	require.NoError(t, err)
+	h.pools = []*allocator.Pool{a.DefaultPool()}
+	if hc.pools {
+		h.addPools()
+	}
 	// Another allocator, in a world of its own whose first addresses are
 	// taken, so its blocks lie where this allocator's reservations may or
 	// may not be.
@@ -200,6 +212,7 @@ var sentinels = []error{
 	allocator.ErrInvalidConfig, allocator.ErrOutOfMemory,
 	backend.ErrOutOfMemory, backend.ErrInvalidArgument, backend.ErrNotSupported,
 	backend.ErrNotPermitted, backend.ErrUnavailable,
+	allocator.ErrPoolBusy, allocator.ErrSegmentHook, allocator.ErrInvalidPool,
 }
 
 func typed(err error) bool {
@@ -304,11 +317,11 @@ func (h *harness) sizeFor(class byte, v uint16) uint64 {
 }
 
 // mallocOp calls Malloc and checks and records the result.
-func (h *harness) mallocOp(size uint64, arg, s backend.Stream, launch bool) {
-	h.logf("Malloc(%d, stream %d)", size, arg)
+func (h *harness) mallocOp(size uint64, arg, s backend.Stream, launch bool, pool int) {
+	h.logf("Malloc(%d, stream %d) in pool %d", size, arg, pool)
 	marks := h.callMarks()
 	before := h.a.Stats()
-	ptr, err := h.a.Malloc(size, arg)
+	ptr, err := h.pools[pool].Malloc(size, arg)
 	fired := h.fired(marks)
 	if err != nil {
 		h.logf("  -> %v", err)
@@ -325,7 +338,7 @@ func (h *harness) mallocOp(size uint64, arg, s backend.Stream, launch bool) {
 			return
 		}
 		if !fired {
-			h.checkGenuineOOM(size, err)
+			h.checkGenuineOOM(size, err, h.pools[pool])
 		}
 		return
 	}
@@ -347,7 +360,7 @@ func (h *harness) mallocOp(size uint64, arg, s backend.Stream, launch bool) {
 	h.checkGuards(ptr, size, s)
 	delete(h.maybePending, ptr)
 	h.nextTag++
-	b := &liveBlock{ptr: ptr, size: size, stream: s, tag: h.nextTag}
+	b := &liveBlock{ptr: ptr, size: size, stream: s, tag: h.nextTag, pool: pool}
 	h.live = append(h.live, b)
 	h.byPtr[ptr] = b
 	h.nMalloc++
@@ -362,10 +375,14 @@ func (h *harness) mallocOp(size uint64, arg, s backend.Stream, launch bool) {
 
 // checkGenuineOOM requires that a Malloc failure with no fault injected is
 // a real out-of-memory error.
-func (h *harness) checkGenuineOOM(size uint64, err error) {
+func (h *harness) checkGenuineOOM(size uint64, err error, pool *allocator.Pool) {
 	var oom *allocator.OutOfMemoryError
 	if !errors.As(err, &oom) {
 		h.fatalf("Malloc(%d) failed with no fault injected and not out of memory: %v", size, err)
+	}
+	if oom.PoolLimit != 0 {
+		h.checkLimitOOM(size, oom, pool)
+		return
 	}
 	if !errors.Is(err, allocator.ErrOutOfMemory) || !errors.Is(err, backend.ErrOutOfMemory) {
 		h.fatalf("OutOfMemoryError does not match both sentinels: %v", err)
@@ -827,7 +844,11 @@ func (h *harness) step(d *decoder) {
 	case kMalloc:
 		class, v, sx := d.byte(), d.u16(), d.byte()
 		arg, s := h.streamArg(sx)
-		h.mallocOp(h.sizeFor(class, v), arg, s, sx&0x40 != 0)
+		pool := 0
+		if h.cfg.pools { // the class byte's high bits, unused by sizeFor
+			pool = int(class>>3) % len(h.pools)
+		}
+		h.mallocOp(h.sizeFor(class, v), arg, s, sx&0x40 != 0, pool)
 	case kFree:
 		x := d.byte()
 		if x >= anyPointer {
@@ -988,6 +1009,9 @@ func (h *harness) verify() {
 	}
 	if h.cfg.real {
 		h.verifyPatterns()
+	}
+	if h.cfg.pools {
+		h.verifyPools(snap)
 	}
 }
 
@@ -1159,6 +1183,7 @@ func (h *harness) finish() {
 		if err := h.a.EmptyCache(); err != nil {
 			h.fatalf("EmptyCache after freeing everything: %v", err)
 		}
+		h.closePools()
 		h.verify()
 		st := h.a.Stats()
 		if st.ReservedBytes[stats.AllPools].Current != 0 || st.Active[stats.AllPools].Current != 0 {
@@ -1175,6 +1200,7 @@ func (h *harness) finish() {
 	}
 	h.closed = true
 	h.requireEmpty()
+	h.requireDeregistered()
 }
 
 // closeArmed closes the allocator with the injected faults still armed;
