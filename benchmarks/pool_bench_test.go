@@ -6,6 +6,8 @@ import (
 
 	"github.com/stretchr/testify/require"
 	"github.com/vmmalloc/vmmalloc/allocator"
+	"github.com/vmmalloc/vmmalloc/backend/emulated"
+	"github.com/vmmalloc/vmmalloc/stats"
 )
 
 // BenchmarkPoolMallocFree measures a cache-hit Malloc+Free pair inside a
@@ -46,4 +48,74 @@ func BenchmarkPoolMallocFree(b *testing.B) {
 			}
 		})
 	}
+}
+
+// BenchmarkMultiTenantPools alternates a training phase and a serving
+// phase, each in its own private pool, on a device too small for both
+// peaks together: each phase allocates its working set, frees it, and
+// leaves it cached in its pool. The phase that follows can grow only
+// because the out-of-memory ladder takes back the other pool's cached
+// memory. It reports the peak of device memory reserved against the sum
+// and the max of the two pools' peaks, and the driver calls per phase
+// (every phase remaps: the two working sets do not fit together).
+func BenchmarkMultiTenantPools(b *testing.B) {
+	const (
+		capacity = 768 << 20
+		trainN   = 40
+		trainSz  = 12 << 20 // 480 MiB
+		serveN   = 30
+		serveSz  = 15 << 20 // 450 MiB
+	)
+	e, err := emulated.New(emulated.WithCapacity(capacity))
+	require.NoError(b, err)
+	a, err := allocator.New(e, allocator.DefaultConfig())
+	require.NoError(b, err)
+	defer a.Close()
+	train, err := a.NewPool(allocator.PoolOptions{Name: "train"})
+	require.NoError(b, err)
+	serve, err := a.NewPool(allocator.PoolOptions{Name: "serve"})
+	require.NoError(b, err)
+	ptrs := make([]uintptr, 0, trainN)
+	phase := func(p *allocator.Pool, n int, size uint64) {
+		ptrs = ptrs[:0]
+		for i := 0; i < n; i++ {
+			ptr, err := p.Malloc(size, 0)
+			if err != nil {
+				b.Fatal(err)
+			}
+			ptrs = append(ptrs, ptr)
+		}
+		for _, ptr := range ptrs {
+			if err := a.Free(ptr); err != nil {
+				b.Fatal(err)
+			}
+		}
+	}
+	phase(train, trainN, trainSz) // warm up both pools once
+	phase(serve, serveN, serveSz)
+	a.ResetPeakStats()
+	calls := func() int64 {
+		var n int64
+		for _, c := range e.CallCounts() {
+			n += c
+		}
+		return n
+	}
+	before := calls()
+	b.ReportAllocs()
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		phase(train, trainN, trainSz)
+		phase(serve, serveN, serveSz)
+	}
+	b.StopTimer()
+	after := calls()
+	peak := a.Stats().ReservedBytes[stats.AllPools].Peak
+	pt := train.Stats().ReservedBytes[stats.AllPools].Peak
+	ps := serve.Stats().ReservedBytes[stats.AllPools].Peak
+	b.ReportMetric(float64(peak)/(1<<20), "peak-reserved-MiB")
+	b.ReportMetric(float64(pt+ps)/(1<<20), "sum-of-pool-peaks-MiB")
+	b.ReportMetric(float64(max(pt, ps))/(1<<20), "max-pool-peak-MiB")
+	b.ReportMetric(float64(after-before)/float64(2*b.N), "driver-calls/phase")
+	require.NoError(b, a.Check())
 }
