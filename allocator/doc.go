@@ -206,6 +206,14 @@
 // dozen calls (Go keeps no register across a call, so each spills and
 // reloads what is live).
 //
+// Pools (pool.go) cost the default pool's cache hit one flag test per
+// Malloc and per Free (Allocator.pooled) and the load of the owner's pool
+// where classic-mode rules are read: 912 instructions per pair against 905
+// before pools (same cachegrind command). A cache hit inside a private
+// pool (Pool.Malloc, BenchmarkPoolMallocFree/live=100) counts two records,
+// the pool's and the aggregate's: 1,043 instructions per pair, 0
+// allocations.
+//
 // # Mechanism and policy
 //
 // The blocks live in an arena.Heap, which owns their storage (pointer-free
