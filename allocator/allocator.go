@@ -85,10 +85,9 @@ type Allocator struct {
 	// pooled: a private pool has been made, so every pool counts its
 	// own statistics besides the aggregate (pool.go). Never cleared. mu.
 	pooled      bool
-	poolSeq     uint64                // the last n of the PoolIDs (0, n) assigned; mu
-	statsBuf    [2]*stats.HotCounters // statsOf's result: &st, then the pool's; mu
-	splitHooked bool                  // the heap's split hook counts classic inactive_split; mu
-	poolsClosed int                   // private pools closed, ever; mu
+	poolSeq     uint64 // the last n of the PoolIDs (0, n) assigned; mu
+	splitHooked bool   // the heap's split hook counts classic inactive_split; mu
+	poolsClosed int    // private pools closed, ever; mu
 
 	// hooks are the attached segment hooks, hookSeq the last HookID
 	// given (hooks.go). mu.
@@ -257,8 +256,8 @@ func New(drv backend.Driver, cfg Config) (*Allocator, error) {
 	for _, d := range cfg.RoundupPower2Divisions {
 		a.plainRound = a.plainRound && d <= 1
 	}
-	a.statsBuf[0] = &a.st
 	a.def = Pool{a: a, name: "default", expandable: cfg.ExpandableSegments, limit: math.MaxUint64}
+	a.def.recs = [2]*stats.HotCounters{&a.st, &a.def.st}
 	a.pools = []*Pool{&a.def}
 	if a.def.idle, err = a.newStreamState(idleStream); err != nil {
 		return nil, err

@@ -146,6 +146,8 @@ type Pool struct {
 	isolated bool
 	// st is the pool's own statistics, counted while Allocator.pooled; mu.
 	st stats.HotCounters
+	// recs are the records statsOf returns: the aggregate, then st. Fixed.
+	recs [2]*stats.HotCounters
 	// idle owns the memory of released and vanished streams in this pool
 	// (streams.go). mu.
 	idle *streamState
@@ -212,6 +214,7 @@ func (a *Allocator) NewPool(o PoolOptions) (*Pool, error) {
 		id = PoolID{0, a.poolSeq}
 	}
 	p := &Pool{a: a, id: id, name: o.Name, expandable: a.cfg.ExpandableSegments, limit: math.MaxUint64}
+	p.recs = [2]*stats.HotCounters{&a.st, &p.st}
 	if p.name == "" {
 		p.name = fmt.Sprintf("pool(%d,%d)", id[0], id[1])
 	}
@@ -381,10 +384,9 @@ func (a *Allocator) ownersOf(p *Pool) []*streamState {
 // aggregate, and p's own once private pools exist. mu held.
 func (a *Allocator) statsOf(p *Pool) []*stats.HotCounters {
 	if !a.pooled {
-		return a.statsBuf[:1]
+		return p.recs[:1]
 	}
-	a.statsBuf[1] = &p.st
-	return a.statsBuf[:2]
+	return p.recs[:2]
 }
 
 // setSplitHook counts classic inactive_split through the heap's split

@@ -23,8 +23,11 @@ func (a *Allocator) isolatedOwner(lead *streamState, cl *sizeClass, rounded uint
 	kept := lead.isolated[:0]
 	var reuse *streamState
 	for _, t := range lead.isolated {
-		if t.active == 0 && a.heap.StreamBlocks(t.sid) == 0 {
-			a.unregister(t) // released: nothing left to reuse
+		// Released: nothing left to reuse. Only with no wait in flight:
+		// a growth for t maps without mu, its range owned by no stream
+		// until it commits.
+		if t.active == 0 && a.heap.StreamBlocks(t.sid) == 0 && a.inflight == 0 {
+			a.unregister(t)
 			continue
 		}
 		kept = append(kept, t)
