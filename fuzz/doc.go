@@ -71,8 +71,9 @@
 // reader allocates at most a fixed multiple of the input's size plus a
 // constant (readerBounds). Seeds are generated files, the hostile pickle
 // shapes of issue 7, and snapshots derived from the real traces in
-// shared/traces (found through $VMMALLOC_TRACES or beside the module or
-// one of its ancestors; whole files when under 256 KiB), when present.
+// shared/traces (found by trace.SharedDir: $VMMALLOC_TRACES, or
+// shared/traces beside the module root; whole files when under 256 KiB),
+// when present.
 //
 // # Running
 //
