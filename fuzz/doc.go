@@ -92,9 +92,11 @@
 //	go test ./fuzz -run '^$' -fuzz '^FuzzRealMemory$' -fuzztime 4h
 //	go test ./fuzz -run '^$' -fuzz '^FuzzParseConfig$' -fuzztime 1h
 //
-// or fuzz/run.sh 4h, which runs them one after another. The full fault
-// sweep (every call number of every primitive rather than an even sample)
-// runs with VMMALLOC_SWEEP_FULL=1 go test ./fuzz -run TestFaultSweep.
+// or fuzz/run.sh 4h, which runs them one after another. The fault sweep
+// tries an even sample of 60 call numbers of every primitive (4 under
+// -race, where each run costs about 25 times as much); the full sweep
+// (every call number) runs with VMMALLOC_SWEEP_FULL=1 go test ./fuzz -run
+// TestFaultSweep.
 // VMMALLOC_GEN_SEEDS=1 go test ./fuzz -run TestGenerateSeeds rewrites the
 // generated part of the seed corpus.
 package fuzz
