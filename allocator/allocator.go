@@ -100,6 +100,14 @@ type Allocator struct {
 	queuedBytes uint64
 
 	owned ownedSet // live owned Buffers (owned.go); its own lock, never taken under mu
+
+	// quiescing counts the calls waiting in quiesceWaits (Close, Check,
+	// snapshots) for inflight to drop to 0. waitWatch, nil except in
+	// tests, is broadcast (L = &mu) whenever inflight or quiescing
+	// changes, so that a test can wait for a call to reach one of those
+	// waits instead of sleeping. mu.
+	quiescing int
+	waitWatch *sync.Cond
 }
 
 // streamState is the per-stream part of the allocator. The allocator's

@@ -551,13 +551,15 @@ func (a *Allocator) awaitGrowths(ss *streamState, cl *sizeClass, rounded uint64)
 	}
 	stream := ss.stream
 	last := a.growSeq
-	a.inflight++                                     // Close and Check wait for this waiter too
+	a.inflight++ // Close and Check wait for this waiter too
+	a.waitsChanged()
 	for len(a.growths) > 0 && a.growths[0] <= last { // tickets ascend
 		a.grown.Wait()
 	}
 	if a.inflight--; a.inflight == 0 {
 		a.quiet.Broadcast()
 	}
+	a.waitsChanged()
 	switch {
 	case a.closed:
 		return arena.NoBlock, ErrClosed

@@ -68,7 +68,7 @@ func recvGrow[T any](t *testing.T, ch <-chan T, what string) T {
 	select {
 	case v := <-ch:
 		return v
-	case <-time.After(10 * time.Second):
+	case <-time.After(guard):
 		t.Fatalf("%s did not complete", what)
 		panic("unreachable")
 	}
@@ -79,16 +79,6 @@ func (a *Allocator) inflightWaits() int {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	return a.inflight
-}
-
-// waitInflight polls until n calls wait or map without the lock.
-func waitInflight(t *testing.T, a *Allocator, n int) {
-	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for a.inflightWaits() != n {
-		require.True(t, time.Now().Before(deadline), "never %d calls in flight (have %d)", n, a.inflightWaits())
-		time.Sleep(100 * time.Microsecond)
-	}
 }
 
 // TestGrowthDriverCallsWithoutLock blocks a growth inside each of its
@@ -232,11 +222,13 @@ func TestCloseDuringGrowth(t *testing.T) {
 	go func() { closed <- a.Close() }()
 	checked := make(chan error, 1)
 	go func() { checked <- a.Check() }()
-	time.Sleep(20 * time.Millisecond)
+	// Both wait for the growth: neither can return before it ends.
 	select {
 	case err := <-closed:
 		t.Fatalf("Close returned (%v) while a growth mapped", err)
-	default:
+	case <-reachedWaits(a, func() bool { return a.quiescing == 2 }):
+	case <-time.After(guard):
+		t.Fatal("Close and Check never waited for the growth")
 	}
 	drv.open()
 	r := recvGrow(t, grow, "the growing Malloc")

@@ -150,6 +150,23 @@ func TestStreamChurnWithWaits(t *testing.T) {
 	assertNoDriverState(t, e)
 }
 
+// streamMilestone is a driver that closes reached once at streams have
+// been created through it.
+type streamMilestone struct {
+	backend.Driver
+	at      int64
+	n       atomic.Int64
+	reached chan struct{} // closed at the at-th StreamCreate (by the test if at is 0)
+}
+
+func (d *streamMilestone) StreamCreate(device int) (backend.Stream, error) {
+	s, err := d.Driver.StreamCreate(device)
+	if d.n.Add(1) == d.at {
+		close(d.reached)
+	}
+	return s, err
+}
+
 // TestCloseRacesChurn: Close while workers churn streams, fall back to
 // waits (failed event records) and release the side stream. Every call
 // returns nil, the documented ErrInvalidStream, or ErrClosed; none hangs;
@@ -168,12 +185,19 @@ func TestCloseRacesChurn(t *testing.T) {
 				return errors.Is(err, ErrClosed) || call == "RecordStream" && errors.Is(err, ErrInvalidStream)
 			}
 			bad := make(chan error, 1000)
+			// Close comes after the workers created round*3 streams (at
+			// once in round 0): later and later into the churn, counted
+			// in driver calls rather than guessed in time.
+			workers := &streamMilestone{Driver: drv, at: int64(round * 3), reached: make(chan struct{})}
+			if round == 0 {
+				close(workers.reached)
+			}
 			var wg sync.WaitGroup
 			for range 3 {
 				wg.Add(1)
 				go func() {
 					defer wg.Done()
-					churnWorker(a, e, drv, side, 8, false, ok, bad)
+					churnWorker(a, e, workers, side, 8, false, ok, bad)
 				}()
 			}
 			wg.Add(1)
@@ -188,15 +212,11 @@ func TestCloseRacesChurn(t *testing.T) {
 					}
 				}
 			}()
-			time.Sleep(time.Duration(round) * 3 * time.Millisecond)
+			recvGrow(t, workers.reached, "the workers' streams before Close")
 			require.NoError(t, within(t, "Close", a.Close))
 			done := make(chan struct{})
 			go func() { wg.Wait(); close(done) }()
-			select {
-			case <-done:
-			case <-time.After(20 * time.Second):
-				t.Fatal("a call hangs after Close")
-			}
+			recvGrow(t, done, "the calls after Close (one hangs)")
 			close(bad)
 			for err := range bad {
 				t.Error(err)

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -52,8 +53,13 @@ func newHoldDriver(t *testing.T, opts ...emulated.Option) *holdDriver {
 // (idempotent).
 func (d *holdDriver) releaseAll() { d.once.Do(func() { close(d.done) }) }
 
-// hold makes the next n calls of op block.
+// hold makes the next n calls of op block; n > 0. A hold is never taken
+// back: a call may already be blocked on it. The test takes each held
+// call with next and lets it go on with goOn.
 func (d *holdDriver) hold(op backend.Op, n int) {
+	if n <= 0 {
+		panic(fmt.Sprintf("holdDriver.hold(%v, %d): a hold is released by next and goOn, never by a count", op, n))
+	}
 	d.mu.Lock()
 	d.holds[op] += n
 	d.mu.Unlock()
@@ -90,25 +96,16 @@ func (d *holdDriver) passAt(op backend.Op, s backend.Stream, va uintptr) error {
 	}
 }
 
-// next returns the next held call, failing the test if none blocks.
+// next returns the next held call, failing the test if none blocks
+// before guard.
 func (d *holdDriver) next(t *testing.T) *heldCall {
 	t.Helper()
 	select {
 	case c := <-d.calls:
 		return c
-	case <-time.After(10 * time.Second):
+	case <-time.After(guard):
 		t.Fatal("no held driver call")
 		return nil
-	}
-}
-
-// none asserts that no held call blocks within d.
-func (d *holdDriver) none(t *testing.T, dur time.Duration) {
-	t.Helper()
-	select {
-	case c := <-d.calls:
-		t.Fatalf("unexpected held %v call", c.op)
-	case <-time.After(dur):
 	}
 }
 
@@ -300,15 +297,28 @@ func TestGrowthInterleavings(t *testing.T) {
 					left = ps
 					racing <- growResult{err: err}
 				}()
+				var rr growResult
+				raced := false
 				if !mode.isClassic() {
-					// The racing call does not need the growth; give it
-					// time to run while the Map is held (a waiter for the
-					// growth blocks here, which is fine).
-					time.Sleep(5 * time.Millisecond)
+					// The Map runs without the lock: the racing call
+					// either completes while it is held or waits without
+					// the lock (for the growth, or a driver wait of its
+					// own); let the Map go on only once it has done one.
+					// (Classic maps under the lock: the racing call waits
+					// for it there, which no counter shows.)
+					select {
+					case rr = <-racing:
+						raced = true
+					case <-reachedWaits(a, func() bool { return a.inflight >= 2 || a.quiescing > 0 }):
+					case <-time.After(guard):
+						t.Fatal("the racing call neither completed nor waited while the Map was held")
+					}
 				}
 				held.goOn(nil)
 				g := recvGrow(t, grow, "the growing Malloc")
-				rr := recvGrow(t, racing, "the racing call")
+				if !raced {
+					rr = recvGrow(t, racing, "the racing call")
+				}
 				require.NoError(t, rr.err)
 				var ps []uintptr
 				if g.err != nil {
@@ -448,9 +458,16 @@ func TestGrowthDuringWaitedRelease(t *testing.T) {
 			require.NoError(t, r1.err)
 			require.NoError(t, r2.err)
 			sync.goOn(nil)
+			// The release's first unmap, of ss[1]'s freed memory, is
+			// held in every mode (the one unmap held above); the test
+			// lets exactly that call go on, whenever it came.
+			un := drv.next(t)
+			require.Equal(t, backend.OpUnmap, un.op)
+			assert.True(t, slices.ContainsFunc(ps, func(p uintptr) bool { return un.va >= p && un.va < p+24<<20 }),
+				"the held unmap at %#x is not of ss[1]'s freed blocks", un.va)
 			if !mode.isClassic() {
-				un := drv.next(t)
-				require.Equal(t, backend.OpUnmap, un.op)
+				// Without the lock: a growth on the releasing stream
+				// completes meanwhile. (Classic unmaps under the lock.)
 				g3 := growAsync(a, 40<<20, ss[1])
 				r3 := recvGrow(t, g3, "growth on the releasing stream during unmap")
 				require.NoError(t, r3.err)
@@ -460,7 +477,7 @@ func TestGrowthDuringWaitedRelease(t *testing.T) {
 				drainAll(t, a, drv, []uintptr{r1.p, r2.p, r3.p})
 				return
 			}
-			drv.hold(backend.OpUnmap, -1)
+			un.goOn(nil)
 			require.NoError(t, recvGrow(t, ec, "EmptyCache"))
 			verifyQuiescent(t, a, drv)
 			drainAll(t, a, drv, []uintptr{r1.p, r2.p})
@@ -686,7 +703,7 @@ func TestTwoGrowthsAtOnce(t *testing.T) {
 				held = gy
 			case other = <-gy:
 				held = gx
-			case <-time.After(10 * time.Second):
+			case <-time.After(guard):
 				t.Fatal("neither Malloc completed while the other's growth was held")
 			}
 			require.NoError(t, other.err)
@@ -729,10 +746,14 @@ func TestWaiterForGrowthInterrupted(t *testing.T) {
 					return
 				}
 				go func() { done <- a.Close() }()
+				// Close waits for the growth and its waiter: it cannot
+				// return before the Map goes on.
 				select {
 				case err := <-done:
 					t.Fatalf("Close returned (%v) while a growth and its waiter were in flight", err)
-				case <-time.After(20 * time.Millisecond):
+				case <-reachedWaits(a, func() bool { return a.quiescing == 1 }):
+				case <-time.After(guard):
+					t.Fatal("Close never waited for the growth in flight")
 				}
 				h.goOn(nil)
 				g := recvGrow(t, grow, "the growth")

@@ -58,7 +58,7 @@ func TestReleasedStateNotReusedDuringWait(t *testing.T) {
 		p, err := a.Malloc(100<<20, s) // defrag: waits for s with holes marked
 		grown <- result{p, err}
 	}()
-	<-d.entered
+	d.awaitHeld(t)
 	require.NoError(t, within(t, "ReleaseStream", func() error { return a.ReleaseStream(s) }))
 	s2, err := d.StreamCreate(0)
 	require.NoError(t, err)
@@ -212,7 +212,7 @@ func TestReleaseStreamDuringEmptyCacheWait(t *testing.T) {
 			d.hold(s, c.fail)
 			emptied := make(chan error, 1)
 			go func() { emptied <- a.EmptyCache() }()
-			<-d.entered
+			d.awaitHeld(t)
 			require.NoError(t, within(t, "ReleaseStream", func() error { return a.ReleaseStream(s) }))
 			require.NoError(t, d.StreamDestroy(s))
 			d.release()
@@ -271,7 +271,7 @@ func TestCallsDuringFreeFallbackWait(t *testing.T) {
 			d.hold(rec, nil)
 			freed := make(chan error, 1)
 			go func() { freed <- a.Free(p) }()
-			<-d.entered
+			d.awaitHeld(t)
 			require.NoError(t, within(t, c.name, func() error { return c.during(a, owner, rec) }))
 			assert.ErrorIs(t, within(t, "second Free", func() error { return a.Free(p) }), ErrDoubleFree)
 			d.release()
@@ -335,7 +335,7 @@ func TestReleaseAndDestroyDuringWaits(t *testing.T) {
 				d.hold(s, fail)
 				done := make(chan error, 1)
 				go func() { done <- w.call(a, s) }()
-				<-d.entered
+				d.awaitHeld(t)
 				require.NoError(t, within(t, "ReleaseStream", func() error { return a.ReleaseStream(s) }))
 				require.NoError(t, d.StreamDestroy(s))
 				d.release()
@@ -373,7 +373,7 @@ func TestFreeToReleasingStream(t *testing.T) {
 	d.hold(s, nil)
 	released := make(chan error, 1)
 	go func() { released <- a.ReleaseStream(s) }()
-	<-d.entered
+	d.awaitHeld(t)
 	require.NoError(t, d.Launch(s, p, 40<<20)) // queued after the wait began
 	require.NoError(t, within(t, "Free", func() error { return a.Free(p) }))
 	d.release()
@@ -408,7 +408,7 @@ func TestPendingFreeToReleasingStream(t *testing.T) {
 	d.hold(s, nil)
 	released := make(chan error, 1)
 	go func() { released <- a.ReleaseStream(s) }()
-	<-d.entered
+	d.awaitHeld(t)
 	require.NoError(t, d.Launch(s, p, 40<<20)) // queued after the wait began
 	require.NoError(t, within(t, "Free", func() error { return a.Free(p) }))
 	d.release()

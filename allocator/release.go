@@ -452,20 +452,37 @@ func (a *Allocator) releaseStreamPool(ss *streamState, onlyPool int, target uint
 // wait until no such call is in flight. mu held on entry and on return.
 func (a *Allocator) waitUnlocked(wait func() error) error {
 	a.inflight++
+	a.waitsChanged()
 	a.mu.Unlock()
 	err := wait()
 	a.mu.Lock()
 	if a.inflight--; a.inflight == 0 {
 		a.quiet.Broadcast()
 	}
+	a.waitsChanged()
 	return err
 }
 
 // quiesceWaits waits until no driver wait runs without the lock, so that
 // no block is Releasing. mu held (dropped while waiting).
 func (a *Allocator) quiesceWaits() {
+	if a.inflight == 0 {
+		return
+	}
+	a.quiescing++
+	a.waitsChanged()
 	for a.inflight > 0 {
 		a.quiet.Wait()
+	}
+	a.quiescing--
+	a.waitsChanged()
+}
+
+// waitsChanged wakes a test waiting on waitWatch for inflight or
+// quiescing to reach some value. mu held.
+func (a *Allocator) waitsChanged() {
+	if a.waitWatch != nil {
+		a.waitWatch.Broadcast()
 	}
 }
 

@@ -41,6 +41,17 @@ func (d *gateDriver) hold(s backend.Stream, fail error) {
 
 func (d *gateDriver) release() { d.once.Do(func() { close(d.open) }) }
 
+// awaitHeld waits until the held synchronize blocks, failing the test
+// after guard.
+func (d *gateDriver) awaitHeld(t *testing.T) {
+	t.Helper()
+	select {
+	case <-d.entered:
+	case <-time.After(guard):
+		t.Fatal("the held StreamSynchronize was never called")
+	}
+}
+
 func (d *gateDriver) StreamSynchronize(s backend.Stream) error {
 	if err := d.Emulator.StreamSynchronize(s); err != nil {
 		return err
@@ -54,7 +65,8 @@ func (d *gateDriver) StreamSynchronize(s backend.Stream) error {
 }
 
 // within runs f on its own goroutine and fails the test unless it returns
-// within 5 s: a call stuck behind another goroutine's wait does not.
+// while another goroutine's driver call is held: a call stuck behind that
+// wait never returns, so the test fails at guard.
 func within(t *testing.T, what string, f func() error) error {
 	t.Helper()
 	done := make(chan error, 1)
@@ -62,7 +74,7 @@ func within(t *testing.T, what string, f func() error) error {
 	select {
 	case err := <-done:
 		return err
-	case <-time.After(5 * time.Second):
+	case <-time.After(guard):
 		t.Fatalf("%s did not return while another goroutine's synchronize was held: it waits under the lock", what)
 		return nil
 	}
@@ -109,7 +121,7 @@ func TestReleaseStreamWaitsWithoutLock(t *testing.T) {
 	d.hold(s1, nil)
 	errc := make(chan error, 1)
 	go func() { errc <- a.ReleaseStream(s1) }()
-	<-d.entered
+	d.awaitHeld(t)
 
 	require.NoError(t, within(t, "Malloc+Free on another stream", pairOn(a, s2)))
 	for _, c := range []struct {
@@ -214,7 +226,7 @@ func TestFreeFallbackSyncWithoutLock(t *testing.T) {
 			d.hold(s[1], c.fail)
 			errc := make(chan error, 1)
 			go func() { errc <- a.Free(p) }()
-			<-d.entered
+			d.awaitHeld(t)
 			require.NoError(t, within(t, "Malloc+Free on another stream", pairOn(a, s[2])))
 			assert.ErrorIs(t, within(t, "second Free", func() error { return a.Free(p) }), ErrDoubleFree)
 			assert.ErrorIs(t, within(t, "RecordStream", func() error { return a.RecordStream(p, s[2]) }), ErrDoubleFree)
@@ -265,7 +277,7 @@ func TestCloseWaitsWithoutLock(t *testing.T) {
 	d.hold(s, nil)
 	first := make(chan error, 1)
 	go func() { first <- a.Close() }()
-	<-d.entered
+	d.awaitHeld(t)
 	_, err = a.Malloc(4096, s)
 	assert.ErrorIs(t, err, ErrClosed)
 	assert.ErrorIs(t, within(t, "Free", func() error { return a.Free(p) }), ErrClosed)
@@ -273,10 +285,14 @@ func TestCloseWaitsWithoutLock(t *testing.T) {
 	require.NoError(t, within(t, "Stats", func() error { _ = a.Stats(); return nil }))
 	second := make(chan error, 1)
 	go func() { second <- a.Close() }()
+	// The second Close waits for the first one's synchronize: it cannot
+	// return before the gate opens.
 	select {
 	case err := <-second:
 		t.Fatalf("the second Close returned %v while the first was still waiting", err)
-	case <-time.After(20 * time.Millisecond):
+	case <-reachedWaits(a, func() bool { return a.quiescing == 1 }):
+	case <-time.After(guard):
+		t.Fatal("the second Close never waited for the first")
 	}
 	d.release()
 	require.NoError(t, <-first)
@@ -311,9 +327,9 @@ func TestReleaseStreamAndFreeFallbackUnderLoad(t *testing.T) {
 		errs          = make(chan error, 1000)
 	)
 	wg.Add(1)
-	go func() { // the releaser
+	go func() { // the releaser: at least once, however late it runs
 		defer wg.Done()
-		for !stop.Load() {
+		for first := true; first || !stop.Load(); first = false {
 			err := a.ReleaseStream(side)
 			if err != nil && !errors.Is(err, ErrInvalidStream) { // another call's use of side may race it
 				errs <- err
@@ -370,7 +386,7 @@ func TestReleaseStreamAndFreeFallbackUnderLoad(t *testing.T) {
 	go func() { workersWG.Wait(); close(finished) }()
 	select {
 	case <-finished:
-	case <-time.After(60 * time.Second):
+	case <-time.After(guard):
 		t.Fatal("workers did not finish")
 	}
 	stop.Store(true)
@@ -425,7 +441,7 @@ func TestReleaseStreamDuringGrowthWait(t *testing.T) {
 				}
 				grown <- err
 			}()
-			<-d.entered
+			d.awaitHeld(t)
 			released := make(chan error, 1)
 			go func() { released <- a.ReleaseStream(s) }()
 			// ReleaseStream's own wait is not held: it returns while the

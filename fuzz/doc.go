@@ -71,8 +71,9 @@
 // reader allocates at most a fixed multiple of the input's size plus a
 // constant (readerBounds). Seeds are generated files, the hostile pickle
 // shapes of issue 7, and snapshots derived from the real traces in
-// shared/traces (found through $VMMALLOC_TRACES or beside the module or
-// one of its ancestors; whole files when under 256 KiB), when present.
+// shared/traces (found by trace.SharedDir: $VMMALLOC_TRACES, or
+// shared/traces beside the module root; whole files when under 256 KiB),
+// when present.
 //
 // # Running
 //
@@ -91,9 +92,11 @@
 //	go test ./fuzz -run '^$' -fuzz '^FuzzRealMemory$' -fuzztime 4h
 //	go test ./fuzz -run '^$' -fuzz '^FuzzParseConfig$' -fuzztime 1h
 //
-// or fuzz/run.sh 4h, which runs them one after another. The full fault
-// sweep (every call number of every primitive rather than an even sample)
-// runs with VMMALLOC_SWEEP_FULL=1 go test ./fuzz -run TestFaultSweep.
+// or fuzz/run.sh 4h, which runs them one after another. The fault sweep
+// tries an even sample of 60 call numbers of every primitive (4 under
+// -race, where each run costs about 25 times as much); the full sweep
+// (every call number) runs with VMMALLOC_SWEEP_FULL=1 go test ./fuzz -run
+// TestFaultSweep.
 // VMMALLOC_GEN_SEEDS=1 go test ./fuzz -run TestGenerateSeeds rewrites the
 // generated part of the seed corpus.
 package fuzz

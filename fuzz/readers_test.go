@@ -85,21 +85,9 @@ const maxRealSeed = 256 << 10
 // first (at most max of them), or none when they are absent.
 func readerRealFiles(tb testing.TB, max int) map[string][]byte {
 	tb.Helper()
-	dir := os.Getenv("VMMALLOC_TRACES")
-	if dir == "" {
-		_, file, _, ok := runtime.Caller(0)
-		if !ok {
-			return nil
-		}
-		for d := filepath.Dir(file); ; d = filepath.Dir(d) {
-			if st, err := os.Stat(filepath.Join(d, "shared", "traces")); err == nil && st.IsDir() {
-				dir = filepath.Join(d, "shared", "traces")
-				break
-			}
-			if filepath.Dir(d) == d {
-				return nil
-			}
-		}
+	dir, err := trace.SharedDir()
+	if err != nil {
+		return nil
 	}
 	paths, _ := filepath.Glob(filepath.Join(dir, "*.pickle"))
 	sort.Slice(paths, func(i, j int) bool { return traceFileSize(paths[i]) < traceFileSize(paths[j]) })

@@ -9,34 +9,6 @@ import (
 	"github.com/vmmalloc/vmmalloc/benchmarks/trace"
 )
 
-// tracesDir finds the real PyTorch snapshots (measurement input, never in
-// the repository): $VMMALLOC_TRACES, else shared/traces beside the module
-// root, else /work/shared/traces; "" if none exists.
-func tracesDir() string {
-	if d := os.Getenv("VMMALLOC_TRACES"); d != "" {
-		return d
-	}
-	var cands []string
-	if dir, err := os.Getwd(); err == nil {
-		for ; ; dir = filepath.Dir(dir) {
-			if _, err := os.Stat(filepath.Join(dir, "go.mod")); err == nil {
-				cands = append(cands, filepath.Join(dir, "..", "shared", "traces"))
-				break
-			}
-			if filepath.Dir(dir) == dir {
-				break
-			}
-		}
-	}
-	cands = append(cands, "/work/shared/traces")
-	for _, d := range cands {
-		if st, err := os.Stat(d); err == nil && st.IsDir() {
-			return d
-		}
-	}
-	return ""
-}
-
 // BenchmarkSizeClassesOnTraces replays the allocations of real PyTorch
 // snapshots through the host allocator, as if every tensor were staged
 // through pinned memory (the llama7b trace offloads layers CPU↔GPU on side
@@ -45,9 +17,9 @@ func tracesDir() string {
 // held over peak bytes asked for and live), the share of Malloc calls
 // served from the cache, and MallocHost calls. Skips without the traces.
 func BenchmarkSizeClassesOnTraces(b *testing.B) {
-	dir := tracesDir()
-	if dir == "" {
-		b.Skip("no traces: set VMMALLOC_TRACES")
+	dir, err := trace.SharedDir() // the real snapshots: measurement input, never in the repository
+	if err != nil {
+		b.Skip(err)
 	}
 	files, _ := filepath.Glob(filepath.Join(dir, "*.pickle"))
 	if len(files) == 0 {

@@ -6,6 +6,7 @@ import (
 	"bufio"
 	"bytes"
 	"errors"
+	"io"
 	"net"
 	"os"
 	"os/exec"
@@ -13,7 +14,6 @@ import (
 	"strings"
 	"sync"
 	"testing"
-	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -138,6 +138,10 @@ func TestAcrossProcesses(t *testing.T) {
 	// The holder: imported and mapped, then killed.
 	live := dbl.Live()
 	holder := peer("holder")
+	// The holder blocks reading its stdin until killed: this end stays
+	// open (unwritten) until Wait.
+	_, err = holder.StdinPipe()
+	require.NoError(t, err)
 	out = start(holder, true)
 	line, err := out.ReadString('\n')
 	for err == nil && !strings.HasPrefix(line, "MAPPED") {
@@ -184,7 +188,7 @@ func TestPeer(t *testing.T) {
 	require.NoError(t, err)
 	if role == "holder" {
 		os.Stdout.WriteString("MAPPED\n")
-		time.Sleep(time.Minute) // killed by the exporter
+		_, _ = io.Copy(io.Discard, os.Stdin) // until killed by the exporter (or it exits)
 		return
 	}
 	got := make([]byte, crossBytes)

@@ -122,33 +122,13 @@ func TestGPULatency(t *testing.T) {
 	}
 }
 
-// tracesDir finds the PyTorch traces: $VMMALLOC_TRACES, else the first of
-// shared/traces beside the module root and /work/shared/traces that exists.
-func tracesDir() string {
-	if dir := os.Getenv("VMMALLOC_TRACES"); dir != "" {
-		return dir
-	}
-	var candidates []string
-	if wd, err := os.Getwd(); err == nil {
-		for dir := wd; filepath.Dir(dir) != dir; dir = filepath.Dir(dir) {
-			if _, err := os.Stat(filepath.Join(dir, "go.mod")); err == nil {
-				candidates = append(candidates, filepath.Join(filepath.Dir(dir), "shared", "traces"))
-				break
-			}
-		}
-	}
-	candidates = append(candidates, "/work/shared/traces")
-	for _, dir := range candidates {
-		if st, err := os.Stat(dir); err == nil && st.IsDir() {
-			return dir
-		}
-	}
-	return candidates[0]
-}
-
 func TestGPUReplay(t *testing.T) {
 	d := gpuDriver(t)
-	path := filepath.Join(tracesDir(), "cs336_ctx128_fullstep.pickle")
+	dir, err := trace.SharedDir()
+	if err != nil {
+		t.Skip(err)
+	}
+	path := filepath.Join(dir, "cs336_ctx128_fullstep.pickle")
 	f, err := os.Open(path)
 	if err != nil {
 		t.Skipf("trace not available: %v", err)

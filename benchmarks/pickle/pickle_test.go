@@ -5,9 +5,6 @@ import (
 	"errors"
 	"math"
 	"math/big"
-	"os"
-	"path/filepath"
-	"runtime"
 	"strings"
 	"testing"
 
@@ -365,71 +362,6 @@ func TestDeepKeyTupleRejected(t *testing.T) {
 	b.WriteString("N s.")
 	_, err := Decode(bytes.ReplaceAll(b.Bytes(), []byte(" "), nil))
 	assert.ErrorIs(t, err, ErrMalformed)
-}
-
-func snapshotPath(t testing.TB, name string) string {
-	t.Helper()
-	dir, err := tracesDir()
-	if err != nil {
-		t.Skipf("trace %s not available: %v", name, err)
-	}
-	p := filepath.Join(dir, name)
-	if _, err := os.Stat(p); err != nil {
-		t.Skipf("trace %s not available: %v", name, err)
-	}
-	return p
-}
-
-// tracesDir finds the real traces kept outside the repository: in
-// $VMMALLOC_TRACES, else in shared/traces beside the module root or beside
-// one of its ancestors (a worktree may sit deeper than the main checkout).
-func tracesDir() (string, error) {
-	if d := os.Getenv("VMMALLOC_TRACES"); d != "" {
-		return d, nil
-	}
-	_, file, _, ok := runtime.Caller(0)
-	if !ok {
-		return "", errors.New("no caller information")
-	}
-	for d := filepath.Dir(file); ; {
-		if st, err := os.Stat(filepath.Join(d, "shared", "traces")); err == nil && st.IsDir() {
-			return filepath.Join(d, "shared", "traces"), nil
-		}
-		up := filepath.Dir(d)
-		if up == d {
-			return "", errors.New("no shared/traces beside the module or its ancestors (set VMMALLOC_TRACES)")
-		}
-		d = up
-	}
-}
-
-func TestDecodeRealSnapshot(t *testing.T) {
-	data, err := os.ReadFile(snapshotPath(t, "cs336_ctx128_fullstep.pickle"))
-	require.NoError(t, err)
-	d := decoder{data: data, budget: KeyWorkPerByte*int64(len(data)) + KeyWorkBase}
-	v, err := d.run()
-	require.NoError(t, err)
-	assert.Zero(t, d.work, "no str key of a real snapshot is long enough to be charged")
-	assert.LessOrEqual(t, allocatedBy(func() { _, _ = Decode(data) }), allocBound(len(data)))
-	m := v.(map[string]any)
-	traces := m["device_traces"].([]any)
-	require.Len(t, traces, 1)
-	assert.Len(t, traces[0].([]any), 19342)
-	assert.Len(t, m["segments"].([]any), 1010)
-	settings := m["allocator_settings"].(map[string]any)
-	assert.Equal(t, false, settings["expandable_segments"])
-}
-
-func BenchmarkDecodeSnapshot(b *testing.B) {
-	data, err := os.ReadFile(snapshotPath(b, "cs336_ctx128_fullstep.pickle"))
-	require.NoError(b, err)
-	b.SetBytes(int64(len(data)))
-	b.ReportAllocs()
-	for b.Loop() {
-		if _, err := Decode(data); err != nil {
-			b.Fatal(err)
-		}
-	}
 }
 
 // FuzzDecode: every input decodes or fails with an *Error and no value,

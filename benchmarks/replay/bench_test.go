@@ -12,23 +12,34 @@ import (
 	"github.com/vmmalloc/vmmalloc/benchmarks/workload"
 )
 
-// TracesEnv names the environment variable that points the studies at a
-// directory of PyTorch snapshots (default ../../../shared/traces).
-const tracesEnv = "VMMALLOC_TRACES"
+// sharedTrace returns the path of the real trace name (trace.SharedDir),
+// skipping tb when it is not there.
+func sharedTrace(tb testing.TB, name string) string {
+	tb.Helper()
+	dir, err := trace.SharedDir()
+	if err != nil {
+		tb.Skip(err)
+	}
+	p := filepath.Join(dir, name)
+	if _, err := os.Stat(p); err != nil {
+		tb.Skipf("trace %s not available: %v", name, err)
+	}
+	return p
+}
 
-// tracesDir returns the directory holding the real traces.
-func tracesDir() string {
-	if d := os.Getenv(tracesEnv); d != "" {
-		return d
+// sharedTraces returns the real PyTorch snapshots (trace.SharedDir),
+// skipping tb when there are none.
+func sharedTraces(tb testing.TB) []string {
+	tb.Helper()
+	dir, err := trace.SharedDir()
+	if err != nil {
+		tb.Skip(err)
 	}
-	// The module root's sibling shared/traces (the main checkout), then
-	// the shared folder of the workplace (a worktree one level deeper).
-	for _, d := range []string{filepath.Join("..", "..", "..", "shared", "traces"), "/work/shared/traces"} {
-		if _, err := os.Stat(d); err == nil {
-			return d
-		}
+	files, _ := filepath.Glob(filepath.Join(dir, "*.pickle"))
+	if len(files) == 0 {
+		tb.Skipf("no *.pickle in %s", dir)
 	}
-	return filepath.Join("..", "..", "..", "shared", "traces")
+	return files
 }
 
 // studyPolicies are the two policies every study compares.
@@ -99,10 +110,7 @@ func BenchmarkWorkloads(b *testing.B) {
 // BenchmarkPyTorchTraces replays every PyTorch snapshot in the traces
 // directory; it is skipped when there is none.
 func BenchmarkPyTorchTraces(b *testing.B) {
-	files, _ := filepath.Glob(filepath.Join(tracesDir(), "*.pickle"))
-	if len(files) == 0 {
-		b.Skipf("no *.pickle in %s (set %s)", tracesDir(), tracesEnv)
-	}
+	files := sharedTraces(b)
 	for _, path := range files {
 		b.Run(strings.TrimSuffix(filepath.Base(path), ".pickle"), func(b *testing.B) {
 			pt := loadSnapshot(b, path)

@@ -21,10 +21,7 @@ type namedSnapshot struct {
 // name order, or skips when there is none.
 func sharedSnapshots(t testing.TB) []namedSnapshot {
 	t.Helper()
-	files, _ := filepath.Glob(filepath.Join(tracesDir(), "*.pickle"))
-	if len(files) == 0 {
-		t.Skipf("no *.pickle in %s (set %s)", tracesDir(), tracesEnv)
-	}
+	files := sharedTraces(t)
 	slices.Sort(files)
 	out := make([]namedSnapshot, 0, len(files))
 	for _, f := range files {

@@ -2,7 +2,6 @@ package replay
 
 import (
 	"bytes"
-	"path/filepath"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -90,7 +89,7 @@ func TestSnapshotRoundTripRealTraces(t *testing.T) {
 	}
 	for _, name := range []string{"cs336_ctx128_forward.pickle", "cs336_small_forward_bf16.pickle", "cs336_ctx128_fullstep.pickle", "llama7b_offload_4streams.pickle", "cs336_gpt2small_compiled_train.pickle", "cs336_medium_ctx1024_train.pickle"} {
 		t.Run(name, func(t *testing.T) {
-			pt := loadSnapshot(t, filepath.Join(tracesDir(), name))
+			pt := loadSnapshot(t, sharedTrace(t, name))
 			var snap bytes.Buffer
 			// The program's own cache releases (llama's 39) are left out:
 			// PyTorch's snapshot format has no empty_cache action to carry

@@ -1,7 +1,6 @@
 package replay
 
 import (
-	"path/filepath"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -19,7 +18,7 @@ import (
 // is asserted, plus classic staying near PyTorch's own figure, since our
 // classic mode implements PyTorch's algorithm.
 func TestPyTorchFullstep(t *testing.T) {
-	pt := loadSnapshot(t, filepath.Join(tracesDir(), "cs336_ctx128_fullstep.pickle"))
+	pt := loadSnapshot(t, sharedTrace(t, "cs336_ctx128_fullstep.pickle"))
 	t.Logf("PyTorch recorded: peak live %s, peak reserved %s, ratio %.4f (%d events replayed)",
 		FormatBytes(pt.PeakLive), FormatBytes(pt.PeakReserved), ratio(pt.PeakReserved, pt.PeakLive), len(pt.Events))
 	reps, err := Compare(pt.Events, studyPolicies, Options{MinCapacity: true, Check: true})
@@ -46,7 +45,7 @@ func TestPyTorchFullstep(t *testing.T) {
 // out-of-memory error and logs the free mapped memory that the ladder
 // could not release, because no whole page of it is free.
 func TestPyTorchFullstepStranded(t *testing.T) {
-	pt := loadSnapshot(t, filepath.Join(tracesDir(), "cs336_ctx128_fullstep.pickle"))
+	pt := loadSnapshot(t, sharedTrace(t, "cs336_ctx128_fullstep.pickle"))
 	cfg := allocator.DefaultConfig()
 	res, err := SearchMinCapacity(pt.Events, cfg, Options{})
 	require.NoError(t, err)

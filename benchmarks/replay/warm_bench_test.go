@@ -1,7 +1,6 @@
 package replay
 
 import (
-	"path/filepath"
 	"testing"
 
 	"github.com/vmmalloc/vmmalloc/allocator"
@@ -25,7 +24,7 @@ import (
 //	ids=dense  every trace id resolved up front to a slot of a slice, so
 //	           that the figure is the allocator's calls and little else
 func BenchmarkWarmReplay(b *testing.B) {
-	pt := loadSnapshot(b, filepath.Join(tracesDir(), "cs336_ctx128_fullstep.pickle"))
+	pt := loadSnapshot(b, sharedTrace(b, "cs336_ctx128_fullstep.pickle"))
 	var events []trace.Event
 	for _, ev := range pt.Events {
 		if ev.Kind == trace.Alloc || ev.Kind == trace.Free {

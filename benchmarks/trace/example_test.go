@@ -2,9 +2,11 @@ package trace_test
 
 import (
 	"bytes"
+	"errors"
 	"fmt"
 	"io"
 	"os"
+	"path/filepath"
 	"strings"
 
 	"github.com/vmmalloc/vmmalloc/benchmarks/trace"
@@ -134,9 +136,13 @@ func ExampleImportRMMLog() {
 }
 
 func ExampleImportPyTorchSnapshot() {
-	f, err := os.Open("../../../shared/traces/cs336_ctx128_forward.pickle")
+	dir, err := trace.SharedDir() // the real traces are not part of the repository
 	if err != nil {
-		return // the trace is not part of the repository
+		return
+	}
+	f, err := os.Open(filepath.Join(dir, "cs336_ctx128_forward.pickle"))
+	if err != nil {
+		return
 	}
 	defer f.Close()
 	tr, err := trace.ImportPyTorchSnapshot(f, 0)
@@ -146,4 +152,32 @@ func ExampleImportPyTorchSnapshot() {
 	}
 	fmt.Printf("%d allocs, peak live %.2f GB, PyTorch reserved %.2f GB\n",
 		tr.Allocs, float64(tr.PeakLive)/1e9, float64(tr.PeakReserved)/1e9)
+}
+
+// ExampleSharedDir finds the real traces: $VMMALLOC_TRACES when it is set
+// (here, a folder made for the example), else shared/traces beside the
+// module root; a test skips on ErrNoSharedDir.
+func ExampleSharedDir() {
+	dir, err := os.MkdirTemp("", "traces")
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	defer os.RemoveAll(dir)
+	if old, ok := os.LookupEnv(trace.SharedDirEnv); ok {
+		defer os.Setenv(trace.SharedDirEnv, old)
+	} else {
+		defer os.Unsetenv(trace.SharedDirEnv)
+	}
+
+	os.Setenv(trace.SharedDirEnv, dir)
+	got, err := trace.SharedDir()
+	fmt.Println(got == dir, err)
+
+	os.Setenv(trace.SharedDirEnv, filepath.Join(dir, "missing"))
+	_, err = trace.SharedDir()
+	fmt.Println(errors.Is(err, trace.ErrNoSharedDir))
+	// Output:
+	// true <nil>
+	// true
 }

@@ -6,7 +6,6 @@ import (
 	"math"
 	"os"
 	"path/filepath"
-	"runtime"
 	"strings"
 	"testing"
 
@@ -141,7 +140,7 @@ func TestImportPyTorchErrors(t *testing.T) {
 
 func sharedTrace(t testing.TB, name string) string {
 	t.Helper()
-	dir, err := tracesDir()
+	dir, err := SharedDir()
 	if err != nil {
 		t.Skipf("trace %s not available: %v", name, err)
 	}
@@ -150,29 +149,6 @@ func sharedTrace(t testing.TB, name string) string {
 		t.Skipf("trace %s not available: %v", name, err)
 	}
 	return p
-}
-
-// tracesDir finds the real traces kept outside the repository: in
-// $VMMALLOC_TRACES, else in shared/traces beside the module root or beside
-// one of its ancestors (a worktree may sit deeper than the main checkout).
-func tracesDir() (string, error) {
-	if d := os.Getenv("VMMALLOC_TRACES"); d != "" {
-		return d, nil
-	}
-	_, file, _, ok := runtime.Caller(0)
-	if !ok {
-		return "", errors.New("no caller information")
-	}
-	for d := filepath.Dir(file); ; {
-		if st, err := os.Stat(filepath.Join(d, "shared", "traces")); err == nil && st.IsDir() {
-			return filepath.Join(d, "shared", "traces"), nil
-		}
-		up := filepath.Dir(d)
-		if up == d {
-			return "", errors.New("no shared/traces beside the module or its ancestors (set VMMALLOC_TRACES)")
-		}
-		d = up
-	}
 }
 
 // roundGB rounds bytes to GB (1e9) with two decimals, as the traces README
