@@ -155,14 +155,16 @@ func (h *Heap) rotateUp(root *BlockID, id BlockID) {
 func (h *Heap) insert(l *tlsfIndex, id BlockID, b *block) {
 	c := classOf(b.size)
 	fl, sl := uint(c)/slCount&63, uint(c)%slCount
+	p := l.pos[fl]
+	if p == 0 {
+		// The call ends insert, so that no register is saved across it
+		// on the common path.
+		h.insertNewGroup(l, id, b, fl)
+		return
+	}
 	b.aux, b.up = 0, 0
 	b.prio = prio16(b.addr)
-	var g *tlsfGroup
-	if p := l.pos[fl]; p != 0 {
-		g = &l.groups[int(p)-1]
-	} else {
-		g = l.addGroup(fl)
-	}
+	g := &l.groups[int(p)-1]
 	if root := &g.roots[sl]; *root == NoBlock {
 		*root = id
 		if g.slMap == 0 {
@@ -196,6 +198,12 @@ func (h *Heap) insert(l *tlsfIndex, id BlockID, b *block) {
 	l.bytes += b.size
 }
 
+// insertNewGroup is insert for a block whose first level fl has no group.
+func (h *Heap) insertNewGroup(l *tlsfIndex, id BlockID, b *block, fl uint) {
+	l.addGroup(fl)
+	h.insert(l, id, b)
+}
+
 // remove takes block id, whose size is that it was inserted with, out of l.
 func (h *Heap) remove(l *tlsfIndex, id BlockID, b *block) {
 	c := classOf(b.size)
@@ -218,16 +226,16 @@ func (h *Heap) remove(l *tlsfIndex, id BlockID, b *block) {
 		cb = h.rec(child)
 	}
 	h.setChild(root, BlockID(b.up), id, child, cb)
+	l.n--
+	l.bytes -= b.size
+	b.aux, b.up = 0, 0
 	if *root == NoBlock {
 		if g.slMap &^= 1 << sl; g.slMap == 0 {
 			if l.empty++; l.empty > maxEmptyGroups {
-				l.dropEmptyGroups() // after the last use of g
+				l.dropEmptyGroups() // last: after the last use of g, and nothing is live across the call
 			}
 		}
 	}
-	b.aux, b.up = 0, 0
-	l.n--
-	l.bytes -= b.size
 }
 
 // bestFit is the smallest block of l of at least size bytes, the lowest
