@@ -212,8 +212,8 @@ func (h *Heap) checkIndex(l *tlsfIndex, sid StreamID, pool uint8) error {
 			}
 		}
 	}
-	if empty > maxEmptyGroups || empty != int(l.empty) {
-		return corrupt("stream %d pool %d: %d empty groups (counted %d), at most %d kept", sid, pool, empty, l.empty, maxEmptyGroups)
+	if empty > max(maxEmptyGroups, len(l.groups)-empty) || empty != int(l.empty) {
+		return corrupt("stream %d pool %d: %d empty groups of %d (counted %d), at most %d or as many as the others", sid, pool, empty, len(l.groups), l.empty, maxEmptyGroups)
 	}
 	if n != int(l.n) || sum != l.bytes {
 		return corrupt("stream %d pool %d: index counts %d blocks of %d bytes, holds %d of %d", sid, pool, l.n, l.bytes, n, sum)

@@ -23,10 +23,10 @@ import "math/bits"
 // empty, so that a block moving back and forth between two first levels
 // (the split-then-merge cycle of the cache-hit path across a power of
 // two) costs bit flips, not a shift each way; when that leaves more than
-// maxEmptyGroups empty groups, the empty ones are dropped. The slice keeps
-// its capacity, so the cache-hit path allocates nothing once a stream's
-// first levels have been seen. Searches skip empty groups (at most
-// maxEmptyGroups of them).
+// maxEmptyGroups empty groups and more empty groups than others, the empty
+// ones are dropped. The slice keeps its capacity, so the cache-hit path
+// allocates nothing once a stream's first levels have been seen. Searches
+// skip empty groups.
 type tlsfIndex struct {
 	flMap  uint64      // bit f set: first level f has a group (perhaps empty)
 	groups []tlsfGroup // the groups of the first levels in flMap, in ascending order
@@ -36,7 +36,11 @@ type tlsfIndex struct {
 	pos    [64]uint8   // pos[f]: 1 + the index in groups of first level f's group; 0 when it has none
 }
 
-// maxEmptyGroups bounds the empty groups an index keeps.
+// maxEmptyGroups is the most empty groups an index keeps beyond as many
+// as it has non-empty ones: a workload whose blocks move among many first
+// levels (a training step's split and merged blocks) keeps its groups, and
+// dropping them, when empty ones outnumber the others, halves the groups
+// at least, so that the shifts of adding them again are paid for.
 const maxEmptyGroups = 2
 
 // tlsfGroup is the second level of one first level of a tlsfIndex.
@@ -231,7 +235,7 @@ func (h *Heap) remove(l *tlsfIndex, id BlockID, b *block) {
 	b.aux, b.up = 0, 0
 	if *root == NoBlock {
 		if g.slMap &^= 1 << sl; g.slMap == 0 {
-			if l.empty++; l.empty > maxEmptyGroups {
+			if l.empty++; l.empty > maxEmptyGroups && 2*int(l.empty) > len(l.groups) {
 				l.dropEmptyGroups() // last: after the last use of g, and nothing is live across the call
 			}
 		}
@@ -287,7 +291,7 @@ func (h *Heap) maxNode(id BlockID) BlockID {
 }
 
 // firstAbove is the smallest block of the first non-empty first level
-// above fl. It passes at most maxEmptyGroups empty groups.
+// above fl.
 func (h *Heap) firstAbove(l *tlsfIndex, fl uint) BlockID {
 	if fl >= flCount-1 {
 		return NoBlock
