@@ -18,11 +18,11 @@ import (
 // replayHeapPerByte × file bytes + replayHeapBase.
 //
 // Measured (Go heap per input byte at the end of the replay, where these
-// shapes peak; per unit in parentheses): 132 (507) for streams
-// synchronized once, 331 (1,310) for streams that allocate once (the
+// shapes peak; per unit in parentheses): 128 (491) for streams
+// synchronized once, 327 (1,294) for streams that allocate once (the
 // allocator's state and block records, the emulator's stream, physical
 // handle and mapping of the 2 MiB each stream's growth maps; the fixed
-// state weighs more in this smaller file), 135 (630) for one block
+// state weighs more in this smaller file), 131 (614) for one block
 // recorded on many streams, 27 (82) for small blocks never freed, 10 (87)
 // for sparse ids. Before the heap's free indexes were sparse the first
 // three were 2,210, 2,306 and 1,841 per byte (8.5 to 9.1 KB a stream):
