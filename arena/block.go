@@ -19,8 +19,9 @@
 // within 6.25% of each other.
 //
 // The index is sparse (heap_index.go): the classes of a power of two exist
-// only while it holds free blocks, so a stream with one free block costs
-// the heap a few hundred bytes, not the 4 KB per pool of a full table.
+// only while it holds free blocks (or held them lately), so a stream with
+// one free block costs the heap a few hundred bytes, not the 4 KB per pool
+// of a full table.
 //
 // # Heap
 //

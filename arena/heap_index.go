@@ -38,10 +38,12 @@ type tlsfIndex struct {
 
 // maxEmptyGroups is the most empty groups an index keeps beyond as many
 // as it has non-empty ones: a workload whose blocks move among many first
-// levels (a training step's split and merged blocks) keeps its groups, and
-// dropping them, when empty ones outnumber the others, halves the groups
-// at least, so that the shifts of adding them again are paid for.
-const maxEmptyGroups = 2
+// levels (a training step's split and merged blocks, which merge back into
+// a few large ones at the end of the step) keeps its groups, and dropping
+// them, when empty ones outnumber the others, halves the groups at least,
+// so that the shifts of adding them again are paid for. At 2, the warm
+// replay of a training trace added and dropped groups every step.
+const maxEmptyGroups = 8
 
 // tlsfGroup is the second level of one first level of a tlsfIndex.
 type tlsfGroup struct {

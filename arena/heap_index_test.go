@@ -175,10 +175,12 @@ func TestSparseIndexCheckFindsCorruption(t *testing.T) {
 		{"group without first level", func(l *tlsfIndex) { l.pos[50] = 1 }},
 		{"empty groups miscounted", func(l *tlsfIndex) { l.empty++ }},
 		{"too many empty groups", func(l *tlsfIndex) {
-			l.flMap |= 7 << 50
-			l.groups = append(l.groups, tlsfGroup{}, tlsfGroup{}, tlsfGroup{})
-			l.pos[50], l.pos[51], l.pos[52] = 2, 3, 4
-			l.empty += 3
+			for fl := 50; fl <= 50+maxEmptyGroups; fl++ {
+				l.flMap |= 1 << uint(fl)
+				l.groups = append(l.groups, tlsfGroup{})
+				l.pos[fl] = uint8(len(l.groups))
+				l.empty++
+			}
 		}},
 		{"second-level bits flipped", func(l *tlsfIndex) { l.groups[0].slMap ^= 0xffff }},
 	} {
