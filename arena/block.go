@@ -18,6 +18,11 @@
 // size. Class width is 1/16 of a power of two, so a class holds blocks
 // within 6.25% of each other.
 //
+// The index is sparse (heap_index.go): the classes of a power of two exist
+// only while it holds free blocks (or held them lately), so a stream with
+// one free block costs the heap a few hundred bytes, not the 4 KB per pool
+// of a full table.
+//
 // # Heap
 //
 // Heap is the block heap the allocator runs on: it owns the block records

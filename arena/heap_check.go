@@ -1,6 +1,9 @@
 package arena
 
-import "fmt"
+import (
+	"fmt"
+	"math/bits"
+)
 
 func corrupt(format string, args ...any) error {
 	return fmt.Errorf("%w: %s", ErrCorrupt, fmt.Sprintf(format, args...))
@@ -138,7 +141,7 @@ func (h *Heap) Check() error {
 			if err := h.checkIndex(&st.free[p], StreamID(sid), uint8(p)); err != nil {
 				return err
 			}
-			if want := nFree[[2]int{sid, p}]; st.free[p].n != want {
+			if want := nFree[[2]int{sid, p}]; int(st.free[p].n) != want {
 				return corrupt("stream %d pool %d free index holds %d blocks, regions %d", st.stream, p, st.free[p].n, want)
 			}
 		}
@@ -181,22 +184,38 @@ func (h *Heap) checkIndex(l *tlsfIndex, sid StreamID, pool uint8) error {
 		}
 		return walk(b.right(), id, c, b, hi)
 	}
-	for c := range l.roots {
-		fl, sl := c/slCount, c%slCount
-		nonEmpty := l.roots[c] != NoBlock
-		if nonEmpty != (l.slMap[fl]&(1<<uint(sl)) != 0) || nonEmpty && l.flMap&(1<<uint(fl)) == 0 {
-			return corrupt("stream %d pool %d: bitmaps disagree with class %d", sid, pool, c)
+	if len(l.groups) != bits.OnesCount64(l.flMap) || l.flMap>>flCount != 0 {
+		return corrupt("stream %d pool %d: first-level bitmap %#x disagrees with %d groups", sid, pool, l.flMap, len(l.groups))
+	}
+	empty := 0
+	for fl, p := range l.pos {
+		if l.flMap&(1<<uint(fl)) == 0 {
+			if p != 0 {
+				return corrupt("stream %d pool %d: first level %d without a group maps to group %d", sid, pool, fl, p)
+			}
+			continue
 		}
-		if err := walk(l.roots[c], NoBlock, c, nil, nil); err != nil {
-			return err
+		if want := 1 + bits.OnesCount64(l.flMap&(1<<uint(fl)-1)); int(p) != want {
+			return corrupt("stream %d pool %d: first level %d maps to group %d, not %d", sid, pool, fl, p, want)
+		}
+		g := &l.groups[p-1]
+		if g.slMap == 0 {
+			empty++
+		}
+		for sl, root := range g.roots {
+			c := fl*slCount + sl
+			if (root != NoBlock) != (g.slMap&(1<<uint(sl)) != 0) {
+				return corrupt("stream %d pool %d: bitmaps disagree with class %d", sid, pool, c)
+			}
+			if err := walk(root, NoBlock, c, nil, nil); err != nil {
+				return err
+			}
 		}
 	}
-	for fl := range l.slMap {
-		if (l.slMap[fl] != 0) != (l.flMap&(1<<uint(fl)) != 0) {
-			return corrupt("stream %d pool %d: first-level bitmap bit %d", sid, pool, fl)
-		}
+	if empty > max(maxEmptyGroups, len(l.groups)-empty) || empty != int(l.empty) {
+		return corrupt("stream %d pool %d: %d empty groups of %d (counted %d), at most %d or as many as the others", sid, pool, empty, len(l.groups), l.empty, maxEmptyGroups)
 	}
-	if n != l.n || sum != l.bytes {
+	if n != int(l.n) || sum != l.bytes {
 		return corrupt("stream %d pool %d: index counts %d blocks of %d bytes, holds %d of %d", sid, pool, l.n, l.bytes, n, sum)
 	}
 	return nil

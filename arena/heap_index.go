@@ -3,29 +3,96 @@ package arena
 import "math/bits"
 
 // tlsfIndex is a TLSF index of the free blocks of one (stream, pool) of a
-// Heap: the classes of classOf and two bitmaps, with class treaps ordered
-// by (size, address) and linked through the records' aux (children) and
-// up (parent) fields. Its methods live on Heap, which owns the records.
+// Heap: the classes of classOf and two levels of bitmaps, with class
+// treaps ordered by (size, address) and linked through the records' aux
+// (children) and up (parent) fields. Its methods live on Heap, which owns
+// the records.
+//
+// The index is sparse. The second-level bitmap and the 16 class roots of a
+// first level (a tlsfGroup, 68 bytes) exist only while that first level
+// holds a free block, or held one lately: an index costs 112 bytes empty
+// and a group per first level in use, not the 4 KB of a full table of 976
+// class roots. A heap may register a stream per request, and a hostile
+// trace a hundred thousand streams that each hold one block or none, so
+// what a stream costs follows what it holds.
+//
+// The groups are kept in first-level order, and pos maps a first level to
+// its group, so that finding a class root costs two loads, as with a full
+// table. A first level gets a group when its first block enters (the
+// groups above it shift up one). A group whose last block leaves stays,
+// empty, so that a block moving back and forth between two first levels
+// (the split-then-merge cycle of the cache-hit path across a power of
+// two) costs bit flips, not a shift each way; when that leaves more than
+// maxEmptyGroups empty groups and more empty groups than others, the empty
+// ones are dropped. The slice keeps its capacity, so the cache-hit path
+// allocates nothing once a stream's first levels have been seen. Searches
+// skip empty groups.
 type tlsfIndex struct {
-	flMap uint64            // bit f set: some class in first level f is non-empty
-	slMap [flCount]uint16   // bit s of slMap[f] set: class f*16+s non-empty
-	roots [numClass]BlockID // class treap roots
-	n     int               // blocks in the index
-	bytes uint64            // nbytes in the index
+	flMap  uint64      // bit f set: first level f has a group (perhaps empty)
+	groups []tlsfGroup // the groups of the first levels in flMap, in ascending order
+	bytes  uint64      // nbytes in the index
+	n      int32       // blocks in the index
+	empty  uint8       // groups without a block (slMap 0)
+	pos    [64]uint8   // pos[f]: 1 + the index in groups of first level f's group; 0 when it has none
 }
 
-func (l *tlsfIndex) markNonEmpty(c int) {
-	fl, sl := c/slCount, c%slCount
-	l.slMap[fl] |= 1 << uint(sl)
-	l.flMap |= 1 << uint(fl)
+// maxEmptyGroups is the most empty groups an index keeps beyond as many
+// as it has non-empty ones: a workload whose blocks move among many first
+// levels (a training step's split and merged blocks, which merge back into
+// a few large ones at the end of the step) keeps its groups, and dropping
+// them, when empty ones outnumber the others, halves the groups at least,
+// so that the shifts of adding them again are paid for. At 2, the warm
+// replay of a training trace added and dropped groups every step.
+const maxEmptyGroups = 8
+
+// tlsfGroup is the second level of one first level of a tlsfIndex.
+type tlsfGroup struct {
+	slMap uint16           // bit s set: class f*16+s non-empty
+	roots [slCount]BlockID // class treap roots
 }
 
-func (l *tlsfIndex) markEmpty(c int) {
-	fl, sl := c/slCount, c%slCount
-	l.slMap[fl] &^= 1 << uint(sl)
-	if l.slMap[fl] == 0 {
-		l.flMap &^= 1 << uint(fl)
+// group is the group of first level fl, which has one.
+func (l *tlsfIndex) group(fl uint) *tlsfGroup { return &l.groups[int(l.pos[fl&63])-1] }
+
+// root is the slot of class c's treap root; c's first level has a group.
+func (l *tlsfIndex) root(c int) *BlockID {
+	return &l.group(uint(c) / slCount).roots[uint(c)%slCount]
+}
+
+// addGroup gives first level fl, which has no group, an empty one, and
+// returns it.
+func (l *tlsfIndex) addGroup(fl uint) *tlsfGroup {
+	fl &= 63
+	bit := uint64(1) << fl
+	r := bits.OnesCount64(l.flMap & (bit - 1))
+	l.groups = append(l.groups, tlsfGroup{})
+	copy(l.groups[r+1:], l.groups[r:])
+	l.groups[r] = tlsfGroup{}
+	for m := l.flMap &^ (bit - 1); m != 0; m &= m - 1 {
+		l.pos[bits.TrailingZeros64(m)]++
 	}
+	l.pos[fl] = uint8(r + 1)
+	l.flMap |= bit
+	l.empty++
+	return &l.groups[r]
+}
+
+// dropEmptyGroups drops the groups without a block. No pointer into
+// groups survives it.
+func (l *tlsfIndex) dropEmptyGroups() {
+	kept := l.groups[:0]
+	for m := l.flMap; m != 0; m &= m - 1 {
+		fl := bits.TrailingZeros64(m)
+		if g := l.groups[l.pos[fl]-1]; g.slMap != 0 {
+			kept = append(kept, g)
+			l.pos[fl] = uint8(len(kept))
+		} else {
+			l.pos[fl] = 0
+			l.flMap &^= 1 << uint(fl)
+		}
+	}
+	l.groups = kept
+	l.empty = 0
 }
 
 // lessRec orders free blocks by (size, address).
@@ -49,11 +116,11 @@ func prio16(addr uintptr) uint16 {
 	return uint16((uint64(addr) * 0x9E3779B97F4A7C15) >> 48)
 }
 
-// setChild replaces child old of parent pid (or the root of class c) by
-// n, whose record is nb (nil when n is NoBlock).
-func (h *Heap) setChild(l *tlsfIndex, c int, pid, old, n BlockID, nb *block) {
+// setChild replaces child old of parent pid (or the treap root in slot
+// root) by n, whose record is nb (nil when n is NoBlock).
+func (h *Heap) setChild(root *BlockID, pid, old, n BlockID, nb *block) {
 	if pid == NoBlock {
-		l.roots[c] = n
+		*root = n
 	} else if p := h.rec(pid); p.left() == old {
 		p.setLeft(n)
 	} else {
@@ -64,8 +131,9 @@ func (h *Heap) setChild(l *tlsfIndex, c int, pid, old, n BlockID, nb *block) {
 	}
 }
 
-// rotateUp rotates id above its parent.
-func (h *Heap) rotateUp(l *tlsfIndex, c int, id BlockID) {
+// rotateUp rotates id above its parent, in the treap whose root is in
+// slot root.
+func (h *Heap) rotateUp(root *BlockID, id BlockID) {
 	b := h.rec(id)
 	pid := BlockID(b.up)
 	p := h.rec(pid)
@@ -86,19 +154,31 @@ func (h *Heap) rotateUp(l *tlsfIndex, c int, id BlockID) {
 		b.setLeft(pid)
 	}
 	p.up = int32(id)
-	h.setChild(l, c, gid, pid, id, b)
+	h.setChild(root, gid, pid, id, b)
 }
 
 // insert adds free block id (in no index) to l.
 func (h *Heap) insert(l *tlsfIndex, id BlockID, b *block) {
 	c := classOf(b.size)
+	fl, sl := uint(c)/slCount&63, uint(c)%slCount
+	p := l.pos[fl]
+	if p == 0 {
+		// The call ends insert, so that no register is saved across it
+		// on the common path.
+		h.insertNewGroup(l, id, b, fl)
+		return
+	}
 	b.aux, b.up = 0, 0
 	b.prio = prio16(b.addr)
-	if l.roots[c] == NoBlock {
-		l.roots[c] = id
-		l.markNonEmpty(c)
+	g := &l.groups[int(p)-1]
+	if root := &g.roots[sl]; *root == NoBlock {
+		*root = id
+		if g.slMap == 0 {
+			l.empty--
+		}
+		g.slMap |= 1 << sl
 	} else {
-		cur := l.roots[c]
+		cur := *root
 		for {
 			cb := h.rec(cur)
 			if lessRec(b, cb) {
@@ -117,21 +197,30 @@ func (h *Heap) insert(l *tlsfIndex, id BlockID, b *block) {
 		}
 		b.up = int32(cur)
 		for b.up != 0 && b.prio < h.rec(BlockID(b.up)).prio {
-			h.rotateUp(l, c, id)
+			h.rotateUp(root, id)
 		}
 	}
 	l.n++
 	l.bytes += b.size
 }
 
+// insertNewGroup is insert for a block whose first level fl has no group.
+func (h *Heap) insertNewGroup(l *tlsfIndex, id BlockID, b *block, fl uint) {
+	l.addGroup(fl)
+	h.insert(l, id, b)
+}
+
 // remove takes block id, whose size is that it was inserted with, out of l.
 func (h *Heap) remove(l *tlsfIndex, id BlockID, b *block) {
 	c := classOf(b.size)
+	fl, sl := uint(c)/slCount, uint(c)%slCount
+	g := l.group(fl)
+	root := &g.roots[sl]
 	for b.left() != NoBlock && b.right() != NoBlock {
 		if h.rec(b.left()).prio < h.rec(b.right()).prio {
-			h.rotateUp(l, c, b.left())
+			h.rotateUp(root, b.left())
 		} else {
-			h.rotateUp(l, c, b.right())
+			h.rotateUp(root, b.right())
 		}
 	}
 	child := b.left()
@@ -142,21 +231,31 @@ func (h *Heap) remove(l *tlsfIndex, id BlockID, b *block) {
 	if child != NoBlock {
 		cb = h.rec(child)
 	}
-	h.setChild(l, c, BlockID(b.up), id, child, cb)
-	if l.roots[c] == NoBlock {
-		l.markEmpty(c)
-	}
-	b.aux, b.up = 0, 0
+	h.setChild(root, BlockID(b.up), id, child, cb)
 	l.n--
 	l.bytes -= b.size
+	b.aux, b.up = 0, 0
+	if *root == NoBlock {
+		if g.slMap &^= 1 << sl; g.slMap == 0 {
+			if l.empty++; l.empty > maxEmptyGroups && 2*int(l.empty) > len(l.groups) {
+				l.dropEmptyGroups() // last: after the last use of g, and nothing is live across the call
+			}
+		}
+	}
 }
 
 // bestFit is the smallest block of l of at least size bytes, the lowest
 // address among equals, or NoBlock.
 func (h *Heap) bestFit(l *tlsfIndex, size uint64) BlockID {
 	c := classOf(size)
+	fl, sl := uint(c)/slCount&63, uint(c)%slCount // c ≥ 0: shifts and masks
+	p := l.pos[fl]
+	if p == 0 {
+		return h.firstAbove(l, fl)
+	}
+	g := &l.groups[int(p)-1] // perhaps empty: its roots are NoBlock, its slMap 0
 	best := NoBlock
-	for cur := l.roots[c]; cur != NoBlock; {
+	for cur := g.roots[sl]; cur != NoBlock; {
 		b := h.rec(cur)
 		if b.size >= size {
 			best, cur = cur, b.left()
@@ -167,7 +266,10 @@ func (h *Heap) bestFit(l *tlsfIndex, size uint64) BlockID {
 	if best != NoBlock {
 		return best
 	}
-	return h.firstAbove(l, c)
+	if m := g.slMap &^ (1<<(sl+1) - 1); m != 0 { // a 16-bit map: empty when sl is the last class
+		return h.minNode(g.roots[bits.TrailingZeros16(m)])
+	}
+	return h.firstAbove(l, fl)
 }
 
 func (h *Heap) minNode(id BlockID) BlockID {
@@ -190,24 +292,18 @@ func (h *Heap) maxNode(id BlockID) BlockID {
 	}
 }
 
-// firstAbove is the smallest block of the first non-empty class above c.
-func (h *Heap) firstAbove(l *tlsfIndex, c int) BlockID {
-	fl, sl := uint(c)/slCount, uint(c)%slCount // c ≥ 0: shifts and masks
-	if fl >= flCount {
+// firstAbove is the smallest block of the first non-empty first level
+// above fl.
+func (h *Heap) firstAbove(l *tlsfIndex, fl uint) BlockID {
+	if fl >= flCount-1 {
 		return NoBlock
 	}
-	if m := l.slMap[fl] &^ (1<<(sl+1) - 1); m != 0 { // a 16-bit map: empty when sl is the last class
-		return h.minNode(l.roots[fl*slCount+uint(bits.TrailingZeros16(m))])
+	for m := l.flMap &^ (1<<(fl+1) - 1); m != 0; m &= m - 1 {
+		if g := l.group(uint(bits.TrailingZeros64(m))); g.slMap != 0 {
+			return h.minNode(g.roots[bits.TrailingZeros16(g.slMap)])
+		}
 	}
-	m := l.flMap &^ (1<<(fl+1) - 1)
-	if m == 0 {
-		return NoBlock
-	}
-	f := uint(bits.TrailingZeros64(m))
-	if f >= flCount { // never: flMap has no bit at or above flCount
-		return NoBlock
-	}
-	return h.minNode(l.roots[f*slCount+uint(bits.TrailingZeros16(l.slMap[f]))])
+	return NoBlock
 }
 
 // succ is the in-order successor of id (record b) within its class
@@ -266,6 +362,7 @@ func (h *Heap) fitsSlot(id BlockID, b *block, c int, size uint64, addr uintptr) 
 // (record b) place in its class treap c (the caller checked fitsSlot) and
 // takes bid out, without changing l's counts.
 func (h *Heap) replaceSlot(l *tlsfIndex, c int, bid BlockID, b *block, rid BlockID, r *block) {
+	root := l.root(c)
 	r.aux, r.prio = b.aux, b.prio
 	if x := r.left(); x != NoBlock {
 		h.rec(x).up = int32(rid)
@@ -273,22 +370,18 @@ func (h *Heap) replaceSlot(l *tlsfIndex, c int, bid BlockID, b *block, rid Block
 	if x := r.right(); x != NoBlock {
 		h.rec(x).up = int32(rid)
 	}
-	h.setChild(l, c, BlockID(b.up), bid, rid, r)
+	h.setChild(root, BlockID(b.up), bid, rid, r)
 	b.aux, b.up = 0, 0
 }
 
 // eachFree calls fn for every block of l in ascending (size, address)
-// order until fn returns false.
+// order until fn returns false. fn must not change l.
 func (h *Heap) eachFree(l *tlsfIndex, fn func(BlockID) bool) {
-	m := l.flMap
-	for m != 0 {
-		f := bits.TrailingZeros64(m)
-		m &^= 1 << uint(f)
-		s := l.slMap[f]
-		for s != 0 {
+	for gi := range l.groups {
+		g := &l.groups[gi]
+		for s := g.slMap; s != 0; s &= s - 1 {
 			k := bits.TrailingZeros16(s)
-			s &^= 1 << uint(k)
-			for id := h.minNode(l.roots[f*slCount+k]); id != NoBlock; id = h.succ(id, h.rec(id)) {
+			for id := h.minNode(g.roots[k]); id != NoBlock; id = h.succ(id, h.rec(id)) {
 				if !fn(id) {
 					return
 				}

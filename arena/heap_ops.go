@@ -400,7 +400,7 @@ func (h *Heap) FreeLen(sid StreamID, pool uint8) int {
 	if h.Stream(sid) == 0 || int(pool) >= h.npools {
 		return 0
 	}
-	return h.streams[sid].free[pool].n
+	return int(h.streams[sid].free[pool].n)
 }
 
 // FreeBytes is the nbytes of the Free blocks of stream sid in pool.

@@ -37,7 +37,7 @@ func (e *Emulator) beginCopy(op backend.Op, id backend.Stream, spans ...copySpan
 	if err != nil {
 		return nil, err
 	}
-	loc := backend.Location{Type: backend.LocationDevice, ID: s.dev}
+	loc := backend.Location{Type: backend.LocationDevice, ID: int(s.dev)}
 	for _, sp := range spans {
 		end := sp.va + sp.n
 		if end < sp.va {

@@ -25,7 +25,7 @@ func (e *Emulator) DeviceSynchronize(dev int) error {
 		return e.fail(op, backend.ErrInvalidArgument, "", "device %d out of range [0,%d)", dev, len(w.devs))
 	}
 	for _, s := range w.busyStreams() {
-		if s.proc == e.p && s.dev == dev {
+		if s.proc == e.p && int(s.dev) == dev {
 			w.complete(s, len(s.queue))
 		}
 	}

@@ -8,15 +8,19 @@ import (
 )
 
 // stream is a queue of work on one device. The world's lock guards it.
+//
+// A process may create streams by the hundred thousand (one per request,
+// or a hostile trace naming that many), so the record is kept to 64 bytes,
+// one allocation size class.
 type stream struct {
 	id        backend.Stream
-	dev       int
 	proc      *process
-	held      bool   // work waits for the test to complete it
-	destroyed bool   // StreamDestroy was called; kept while work is pending
 	submitted uint64 // work items ever queued
 	completed uint64 // work items completed; pending = submitted − completed
 	queue     []work // pending items, oldest first
+	dev       int32
+	held      bool // work waits for the test to complete it
+	destroyed bool // StreamDestroy was called; kept while work is pending
 }
 
 // work is one launched kernel touching [va, va+size).
@@ -87,7 +91,7 @@ func (v Violation) String() string {
 // violate records a violation by item it of stream s.
 func (w *world) violate(kind ViolationKind, s *stream, it *work, format string, args ...any) {
 	w.viols = append(w.viols, Violation{
-		Kind: kind, Pid: s.proc.pid, Stream: s.id, Device: s.dev, Seq: it.seq,
+		Kind: kind, Pid: s.proc.pid, Stream: s.id, Device: int(s.dev), Seq: it.seq,
 		VA: uintptr(it.va), Size: it.size, Msg: fmt.Sprintf(format, args...),
 	})
 }
@@ -201,7 +205,7 @@ func (e *Emulator) StreamCreate(dev int) (backend.Stream, error) {
 		return 0, e.fail(op, backend.ErrInvalidArgument, "", "device %d out of range [0,%d)", dev, len(w.devs))
 	}
 	w.next.stream++
-	s := &stream{id: backend.Stream(w.next.stream), dev: dev, proc: p, held: w.cfg.manual}
+	s := &stream{id: backend.Stream(w.next.stream), dev: int32(dev), proc: p, held: w.cfg.manual}
 	p.streams[s.id] = s
 	e.charge(op, 0)
 	return s.id, nil
@@ -261,7 +265,7 @@ func (e *Emulator) StreamDevice(id backend.Stream) (int, error) {
 	if !ok || s.destroyed {
 		return 0, newErr(backend.OpStreamSync, backend.ErrInvalidArgument, "", "StreamDevice: unknown stream %d", id)
 	}
-	return s.dev, nil
+	return int(s.dev), nil
 }
 
 // EventCreate creates an event on dev.
@@ -318,7 +322,7 @@ func (e *Emulator) EventRecord(evID backend.Event, sID backend.Stream) error {
 	if err != nil {
 		return err
 	}
-	if ev.dev != s.dev {
+	if ev.dev != int(s.dev) {
 		return e.fail(op, backend.ErrInvalidArgument, "", "event %d is on device %d, stream %d on device %d", evID, ev.dev, sID, s.dev)
 	}
 	ev.s, ev.seq = s, s.submitted
@@ -428,7 +432,7 @@ func (e *Emulator) resolve(s *stream, it *work, keep bool) {
 	if x, ok := p.devRegs.containing(it.va); ok && end <= x.end {
 		return
 	}
-	dev := backend.Location{Type: backend.LocationDevice, ID: s.dev}
+	dev := backend.Location{Type: backend.LocationDevice, ID: int(s.dev)}
 	for a := it.va; a < end; {
 		x, ok := p.maps.containing(a)
 		if !ok {

@@ -17,6 +17,7 @@ import (
 func TestMain(m *testing.M) {
 	// The tests set VMMALLOC_CONF themselves; the caller's must not leak in.
 	_ = os.Unsetenv(allocator.EnvVar)
+	runTestChild()
 	os.Exit(m.Run())
 }
 
