@@ -71,7 +71,7 @@ func TestMapLargeBadInput(t *testing.T) {
 		off, n, piece uint64
 		want          error
 	}{
-		{"piece below a page", 0, 8 * mib, gr, ErrInvalidRange},
+		{"piece of zero bytes", 0, 8 * mib, 0, ErrInvalidRange},
 		{"piece off the granule grid", 0, 8 * mib, page + mib, ErrInvalidRange},
 		{"unaligned offset", mib, 8 * mib, 2 * page, ErrInvalidRange},
 		{"beyond the segment", 60 * mib, 8 * mib, 2 * page, ErrOutOfRange},
@@ -81,6 +81,7 @@ func TestMapLargeBadInput(t *testing.T) {
 		d, s, c := newSeg(t, page, 16, 8)
 		before, cBefore := snap(s), *c
 		require.ErrorIs(t, s.MapLarge(0, 16*mib, 2*page), ErrInvalidRange)
+		require.ErrorIs(t, s.MapLarge(0, 16*mib, gr), ErrInvalidRange, "smaller pieces too")
 		assert.Equal(t, before, snap(s))
 		assert.Equal(t, cBefore, *c)
 		assert.Zero(t, d.liveHandles())
