@@ -137,6 +137,11 @@ type streamState struct {
 	// owners are, on a primary state, the stream's states in private
 	// pools by Pool.slot (nil where a pool has none).
 	owners []*streamState
+	// isolated are, on a stream's owner in an isolated pool (its lead,
+	// which holds no block itself), the owners of one allocation each
+	// (pool_isolated.go); lead is such an owner's lead, else nil.
+	isolated []*streamState
+	lead     *streamState
 }
 
 // pendingEvent is an event recorded on a stream that a PendingFree block
@@ -527,6 +532,11 @@ func (a *Allocator) mallocSlow(p *Pool, size uint64, stream backend.Stream) (uin
 		a.processEvents()
 	}
 	cl := a.classFor(rounded)
+	if p.isolated {
+		if ss, err = a.isolatedOwner(ss, cl, rounded); err != nil {
+			return 0, err
+		}
+	}
 	b, addr, bsize := a.bestFit(ss, cl, rounded)
 	if b == arena.NoBlock {
 		if b, err = a.allocSlow(ss, cl, rounded, size); err != nil {

@@ -299,8 +299,11 @@ func (a *Allocator) growClassic(ss *streamState, cl *sizeClass, rounded uint64) 
 // budget allows. mu held.
 func (a *Allocator) growExpandable(ss *streamState, cl *sizeClass, rounded uint64) (arena.BlockID, error) {
 	if a.cfg.DefragThreshold >= 0 {
-		if b := a.adoptFromStreams(ss, cl, rounded); b != arena.NoBlock {
-			return b, nil // another stream's idle handles, mapped where they are
+		// An isolated pool's allocation (ss.lead) maps handles of its own.
+		if b := arena.NoBlock; ss.lead == nil {
+			if b = a.adoptFromStreams(ss, cl, rounded); b != arena.NoBlock {
+				return b, nil // another stream's idle handles, mapped where they are
+			}
 		}
 		defer a.holdForGrowth(cl, rounded)() // handles unmapped now are remapped below
 		a.reclaimBeforeGrow(ss, cl, rounded) // other streams first: no wait

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"slices"
 	"sort"
 	"strings"
 
@@ -101,6 +102,14 @@ type PoolOptions struct {
 	// 2 MiB; pytorch#148374). It must be a power of two and a multiple of
 	// the driver's granularity, and needs expandable segments.
 	Alignment uint64
+	// Isolated puts every allocation of the pool in physical handles of
+	// its own (its size rounded up to the granularity, or a classic
+	// segment of its own), so that exporting it over IPC (allocator/ipc)
+	// shares that allocation and nothing else. A freed allocation's
+	// handles are reused only by an allocation of the same mapped size on
+	// the same stream; other free memory of the pool is released as
+	// usual (EmptyCache, the out-of-memory ladder).
+	Isolated bool
 }
 
 // ErrPoolBusy is returned by Pool.Close while the pool has live
@@ -133,6 +142,8 @@ type Pool struct {
 	limit uint64
 	// align is PoolOptions.Alignment (0: the granule). Fixed at creation.
 	align uint64
+	// isolated is PoolOptions.Isolated. Fixed at creation.
+	isolated bool
 	// st is the pool's own statistics, counted while Allocator.pooled; mu.
 	st stats.HotCounters
 	// idle owns the memory of released and vanished streams in this pool
@@ -216,6 +227,7 @@ func (a *Allocator) NewPool(o PoolOptions) (*Pool, error) {
 	if o.Alignment > a.gran {
 		p.align = o.Alignment
 	}
+	p.isolated = o.Isolated
 	p.st.MaxSplitSize = a.st.MaxSplitSize
 	var err error
 	if p.idle, err = a.newStreamState(idleStream); err != nil {
@@ -343,6 +355,9 @@ func (a *Allocator) inUse(t *streamState) bool {
 	if ps == nil || t.primary != ps {
 		return false
 	}
+	if t.lead != nil {
+		return a.inUse(t.lead) && slices.Contains(t.lead.isolated, t)
+	}
 	return t == ps || t.pool.slot < len(ps.owners) && ps.owners[t.pool.slot] == t
 }
 
@@ -354,7 +369,9 @@ func (a *Allocator) ownersOf(p *Pool) []*streamState {
 		if p == &a.def {
 			out = append(out, ss)
 		} else if p.slot < len(ss.owners) && ss.owners[p.slot] != nil {
-			out = append(out, ss.owners[p.slot])
+			o := ss.owners[p.slot]
+			out = append(out, o)
+			out = append(out, o.isolated...)
 		}
 	}
 	return out
@@ -511,7 +528,9 @@ func (p *Pool) Close() error {
 	// path refuse the pool.
 	owners := a.poolOwnersAll(p)
 	for _, o := range owners {
-		o.primary.owners[p.slot] = nil
+		if o.lead == nil {
+			o.primary.owners[p.slot] = nil
+		}
 	}
 	p.closing = true
 	errs := []error{a.releaseStream(p.idle, 0, false)}
@@ -531,7 +550,9 @@ func (p *Pool) Close() error {
 		// the idle owner).
 		for _, o := range owners {
 			if a.inUsePrimary(o.primary) {
-				o.primary.owners[p.slot] = o
+				if o.lead == nil {
+					o.primary.owners[p.slot] = o
+				}
 			} else {
 				a.adoptIntoIdle(o)
 				a.unregister(o)
@@ -568,6 +589,7 @@ func (a *Allocator) poolOwnersAll(p *Pool) []*streamState {
 	add := func(ps *streamState) {
 		if p.slot < len(ps.owners) && ps.owners[p.slot] != nil {
 			out = append(out, ps.owners[p.slot])
+			out = append(out, ps.owners[p.slot].isolated...)
 		}
 	}
 	for _, ps := range a.sortedStreams() {

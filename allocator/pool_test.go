@@ -616,3 +616,81 @@ func TestPoolAlignment(t *testing.T) {
 	require.NoError(t, err)
 	require.NoError(t, q.Close())
 }
+
+// TestPoolIsolated: every live allocation of an isolated pool lies in
+// handles no other allocation (of any pool) shares; a freed allocation's
+// handles serve the next allocation of the same mapped size on its stream.
+func TestPoolIsolated(t *testing.T) {
+	for _, conf := range []string{"", "expandable_segments:False"} {
+		t.Run(conf, func(t *testing.T) {
+			a, e := newAlloc(t, conf)
+			p, err := a.NewPool(PoolOptions{Isolated: true})
+			require.NoError(t, err)
+			s2, err := e.StreamCreate(0)
+			require.NoError(t, err)
+			rng := rand.New(rand.NewPCG(9, 9))
+			live := map[uintptr]bool{} // ptr → isolated
+			check := func() {
+				owner := map[uintptr]uintptr{} // handle VA → the live allocation in it
+				for ptr := range live {
+					_, spans, err := a.Spans(ptr)
+					require.NoError(t, err)
+					for _, sp := range spans {
+						if q, ok := owner[sp.VA]; ok && (live[q] || live[ptr]) {
+							t.Fatalf("isolated allocation shares handle %#x: %#x and %#x", sp.VA, q, ptr)
+						}
+						owner[sp.VA] = ptr
+					}
+				}
+			}
+			for i := 0; i < 150; i++ {
+				s := backend.Stream(0)
+				if rng.IntN(2) == 0 {
+					s = s2
+				}
+				size := uint64(1 + rng.IntN(6<<20))
+				if rng.IntN(4) == 0 {
+					size = 4096 // small ones, which a shared pool would pack into one handle
+				}
+				if ptr, err := p.Malloc(size, s); err == nil {
+					live[ptr] = true
+				} else {
+					require.ErrorIs(t, err, ErrOutOfMemory)
+				}
+				if ptr, err := a.Malloc(4096, s); err == nil {
+					live[ptr] = false
+				}
+				check()
+				if rng.IntN(2) == 0 {
+					for ptr := range live {
+						require.NoError(t, a.Free(ptr))
+						delete(live, ptr)
+						break
+					}
+				}
+				if i%50 == 49 {
+					require.NoError(t, p.EmptyCache())
+					mustCheck(t, a, e)
+				}
+			}
+			// Reuse: the same size on the same stream takes the freed
+			// allocation's handles back.
+			x, err := p.Malloc(4096, s2)
+			require.NoError(t, err)
+			require.NoError(t, a.Free(x))
+			y, err := p.Malloc(4096, s2)
+			require.NoError(t, err)
+			assert.Equal(t, x, y)
+			require.NoError(t, a.Free(y))
+			for ptr := range live {
+				require.NoError(t, a.Free(ptr))
+			}
+			mustCheck(t, a, e)
+			require.NoError(t, a.ReleaseStream(s2))
+			require.NoError(t, e.StreamDestroy(s2))
+			mustCheck(t, a, e)
+			require.NoError(t, p.Close())
+			mustCheck(t, a, e)
+		})
+	}
+}

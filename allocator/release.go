@@ -277,6 +277,7 @@ func (a *Allocator) poolStates(ss *streamState) []*streamState {
 	for _, o := range ss.owners {
 		if o != nil {
 			out = append(out, o)
+			out = append(out, o.isolated...)
 		}
 	}
 	return out

@@ -37,8 +37,10 @@
 // peer admitted to one allocation can reach every allocation that lies in
 // the same handles (PyTorch shares whole segments for the same reason).
 // The large pool's handles are its pages (20 MiB by default), or
-// expandable_handle_mb (64 MiB) for large growths; expandable_handle_mb:0
-// keeps them at a page where the exposure matters.
+// expandable_handle_mb (64 MiB) for large growths. To share an allocation
+// and nothing else, allocate it from an isolated pool
+// (allocator.PoolOptions.Isolated): each of its allocations lies in
+// physical handles of its own, its size rounded up to the granularity.
 // Whitelists only grow: a failing Export may have whitelisted its pids on
 // some handles already.
 //
