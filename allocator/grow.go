@@ -404,8 +404,9 @@ func (a *Allocator) growExpandable(ss *streamState, cl *sizeClass, rounded uint6
 	}
 	stream := ss.stream
 	p := ss.pool
+	fine := a.underPressure(p, mapLen) // before mapLen counts as in flight
 	p.mapping += mapLen
-	err = a.mapGrowth(sg, p, uint64(addr-sg.base), mapLen)
+	err = a.mapGrowth(sg, p, uint64(addr-sg.base), mapLen, fine)
 	p.mapping -= mapLen
 	if err != nil {
 		owner := ss
@@ -456,7 +457,7 @@ var errGrowAgain = errors.New("growth fell short: grow again")
 // growth, whose range the caller has marked Mapping in the heap: a growth
 // of at least the pool's handleSize bytes in handles of that size (the
 // last one shorter), a smaller one in pages (handle cache first), and any
-// growth under pressure (underPressure) in granule handles. Large handles
+// growth under pressure (fine: underPressure) in granule handles. Large handles
 // cut the driver calls of large growths, and of their releases, by
 // handleSize/pageSize; small growths keep page handles, which
 // defragmentation can unmap from smaller holes; near the memory limit,
@@ -477,7 +478,7 @@ var errGrowAgain = errors.New("growth fell short: grow again")
 // the same window, after Run and before EndMap (hooks.go); a refusal
 // unmaps it again (under mu, as a failed map's rollback) and returns the
 // *SegmentHookError.
-func (a *Allocator) mapGrowth(sg *seg, p *Pool, off, n uint64) error {
+func (a *Allocator) mapGrowth(sg *seg, p *Pool, off, n uint64, fine bool) error {
 	var (
 		op  *segment.MapOp
 		err error
@@ -485,7 +486,7 @@ func (a *Allocator) mapGrowth(sg *seg, p *Pool, off, n uint64) error {
 	if cl := sg.class; p.align != 0 {
 		// Handles of whole alignment units from an aligned start.
 		op, err = sg.s.BeginMapLarge(off, n, roundUp(max(cl.handleSize, cl.pageSize), p.align))
-	} else if a.gran < cl.pageSize && a.underPressure(p, n) {
+	} else if fine && a.gran < cl.pageSize {
 		// Near the memory limit: granule handles, every free one of which
 		// a later defragmentation or the out-of-memory ladder can unmap.
 		op, err = sg.s.BeginMapLarge(off, n, a.gran)
