@@ -56,8 +56,9 @@
 // full-size one stays in the cache (beyond its limit; HandleCache.Trim
 // retries it) when the segment has a cache, and any other goes to the
 // segment's leftover list (FreeLeftovers, Release and Destroy retry it).
-// Only full-size handles ever enter a HandleCache, and never one shared
-// with another process (Config.Unmapped).
+// Only handles of a size the HandleCache holds (PageSize, and the sizes
+// HandleCache.Hold adds) ever enter it, and never one shared with another
+// process (Config.Unmapped).
 //
 // Map is all or nothing: if any step fails for any handle (creating it,
 // mapping it, setting its access), every handle this call mapped is
@@ -666,14 +667,16 @@ func (s *Segment) Map(off, n uint64) error {
 }
 
 // MapLarge is Map with handles of up to piece bytes (a multiple of
-// Granule, at least PageSize) instead of PageSize, cut every piece bytes
-// from off: fewer driver calls for a large range, at the cost of coarser
-// unmapping (a handle is unmapped whole) and of handles the HandleCache
-// does not hold (with piece > PageSize every handle is created fresh, and
-// Unmap frees any that is not exactly PageSize). With piece == PageSize it
-// is Map. Pieces larger than a page need a CutFromStart segment (under
-// CutAtPageGrid no handle crosses a page boundary); otherwise, and for a
-// bad piece, it returns ErrInvalidRange and does nothing.
+// Granule) instead of PageSize, cut every piece bytes from off: larger
+// pieces make fewer driver calls for a large range, at the cost of coarser
+// unmapping (a handle is unmapped whole); smaller ones (down to a granule)
+// let every free granule be unmapped. Whole pieces come from the
+// HandleCache when it holds their size (HandleCache.Hold), and Unmap
+// caches them again; other handles are created fresh and freed. With
+// piece == PageSize it is Map. Pieces other than a page need a
+// CutFromStart segment (under CutAtPageGrid handles follow the page
+// grid); otherwise, and for a bad piece, it returns ErrInvalidRange and
+// does nothing.
 func (s *Segment) MapLarge(off, n, piece uint64) error {
 	if err := s.checkPiece(off, n, piece); err != nil {
 		return err
