@@ -296,6 +296,11 @@ func New(drv backend.Driver, cfg Config) (*Allocator, error) {
 		}
 		cl.vaSize = reservationSize(total, gran, ps)
 		cl.cache = segment.NewHandleCache(drv, ps, prop, int(cfg.HandleCacheSize/ps), &a.counters)
+		// The budget holds growth handles and the granule handles of
+		// growths under pressure (pressure.go) as well as pages.
+		cl.cache.Hold(cl.handleSize)
+		cl.cache.Hold(gran)
+		cl.cache.SetMaxBytes(cfg.HandleCacheSize)
 	}
 	s, err := drv.StreamCreate(cfg.Device)
 	if err != nil {

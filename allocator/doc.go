@@ -53,7 +53,12 @@
 // a third of the driver calls to map and later unmap it. Memory is
 // unmapped a whole handle at a time, so handles that fit what was asked
 // for, starting where the growth's allocation starts, leave less memory
-// stranded in partly used handles than a fixed page grid.
+// stranded in partly used handles than a fixed page grid. Under pressure
+// (the growth would take reserved memory past half of what the process
+// may use, or a pool past half its limit: pressure.go) every growth maps
+// granule handles instead, so that near the limit every free granule can
+// be unmapped and remapped where the heap grows. The handle cache's budget
+// (handle_cache_mb, bytes) holds handles of every size a growth maps.
 // Free coalesces with free neighbours of the same stream. A free block on another stream's list is never handed out:
 // stream-ordered reuse needs no synchronisation.
 //

@@ -404,8 +404,9 @@ func (a *Allocator) growExpandable(ss *streamState, cl *sizeClass, rounded uint6
 	}
 	stream := ss.stream
 	p := ss.pool
+	fine := a.underPressure(p, mapLen) // before mapLen counts as in flight
 	p.mapping += mapLen
-	err = a.mapGrowth(sg, p, uint64(addr-sg.base), mapLen)
+	err = a.mapGrowth(sg, p, uint64(addr-sg.base), mapLen, fine)
 	p.mapping -= mapLen
 	if err != nil {
 		owner := ss
@@ -467,10 +468,14 @@ var errGrowAgain = errors.New("growth fell short: grow again")
 // mapGrowth maps the n bytes at offset off of expandable segment sg for a
 // growth, whose range the caller has marked Mapping in the heap: a growth
 // of at least the pool's handleSize bytes in handles of that size (the
-// last one shorter), a smaller one in pages (handle cache first). Large
-// handles cut the driver calls of large growths, and of their releases,
-// by handleSize/pageSize; small growths keep page handles, which
-// defragmentation can unmap from smaller holes.
+// last one shorter), a smaller one in pages (handle cache first), and any
+// growth under pressure (fine: underPressure) in granule handles. Large handles
+// cut the driver calls of large growths, and of their releases, by
+// handleSize/pageSize; small growths keep page handles, which
+// defragmentation can unmap from smaller holes; near the memory limit,
+// where a handle stranded partly free decides whether a request fits,
+// every handle is one granule. Every size is taken from the handle cache
+// first.
 //
 // The driver calls (handle creation, map, set access) run with mu
 // dropped (segment.MapOp.Run); the segment's state, its handle cache and
@@ -485,7 +490,7 @@ var errGrowAgain = errors.New("growth fell short: grow again")
 // the same window, after Run and before EndMap (hooks.go); a refusal
 // unmaps it again (under mu, as a failed map's rollback) and returns the
 // *SegmentHookError.
-func (a *Allocator) mapGrowth(sg *seg, p *Pool, off, n uint64) error {
+func (a *Allocator) mapGrowth(sg *seg, p *Pool, off, n uint64, fine bool) error {
 	var (
 		op  *segment.MapOp
 		err error
@@ -493,6 +498,10 @@ func (a *Allocator) mapGrowth(sg *seg, p *Pool, off, n uint64) error {
 	if cl := sg.class; p.align != 0 {
 		// Handles of whole alignment units from an aligned start.
 		op, err = sg.s.BeginMapLarge(off, n, roundUp(max(cl.handleSize, cl.pageSize), p.align))
+	} else if fine && a.gran < cl.pageSize {
+		// Near the memory limit: granule handles, every free one of which
+		// a later defragmentation or the out-of-memory ladder can unmap.
+		op, err = sg.s.BeginMapLarge(off, n, a.gran)
 	} else if cl.handleSize > cl.pageSize && n >= cl.handleSize {
 		op, err = sg.s.BeginMapLarge(off, n, cl.handleSize)
 	} else {

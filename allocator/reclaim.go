@@ -271,11 +271,11 @@ func (a *Allocator) holdForGrowth(cl *sizeClass, rounded uint64) func() {
 	// The raise is undone by subtraction, not by restoring the old limit:
 	// growths that drop mu while they map overlap, and each undoes only
 	// its own raise.
-	extra := int(roundUp(rounded, cl.pageSize) / cl.pageSize)
-	cl.cache.SetMax(cl.cache.Max() + extra)
+	extra := roundUp(rounded, max(cl.pageSize, cl.handleSize))
+	cl.cache.SetMaxBytes(cl.cache.MaxBytes() + extra)
 	return func() {
-		limit := cl.cache.Max() - extra
-		cl.cache.SetMax(limit)
-		_ = cl.cache.Trim(limit) // a failed free keeps the handle cached; a later trim retries
+		limit := cl.cache.MaxBytes() - extra
+		cl.cache.SetMaxBytes(limit)
+		_ = cl.cache.TrimBytes(limit) // a failed free keeps the handle cached; a later trim retries
 	}
 }

@@ -260,7 +260,9 @@ func TestAdoptRunAcrossStreams(t *testing.T) {
 // TestAdoptExactNearLimit: adopting whole handles may take up to a page
 // more than asked; near the memory limit, where that rest would be
 // stranded, only runs that fit within a granule are adopted and growth
-// (through the out-of-memory ladder here) cuts handles to size instead.
+// cuts handles to size instead. p is mapped in pages while the device has
+// room (62 MiB of 128 MiB, below the pressure line of half); r, mapped
+// under pressure in granule handles, takes reserved memory past 3/4.
 func TestAdoptExactNearLimit(t *testing.T) {
 	tests := []struct {
 		name     string
@@ -268,7 +270,7 @@ func TestAdoptExactNearLimit(t *testing.T) {
 		adopted  bool
 	}{
 		{"plenty of memory", 8 << 30, true},
-		{"above 3/4 of the device", 80 * mib, false},
+		{"above 3/4 of the device", 128 * mib, false},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -280,6 +282,8 @@ func TestAdoptExactNearLimit(t *testing.T) {
 			require.NoError(t, err)
 			p, err := a.Malloc(62*mib, s1) // handles of 20, 20, 20 and 2 MiB
 			require.NoError(t, err)
+			r, err := a.Malloc(36*mib, s1)
+			require.NoError(t, err)
 			require.NoError(t, a.Free(p))
 			maps := mapCalls(e)
 			q, err := a.Malloc(30*mib, s2) // the top 2+20+20 MiB would leave 12 MiB stranded
@@ -287,16 +291,17 @@ func TestAdoptExactNearLimit(t *testing.T) {
 			if tc.adopted {
 				assert.Equal(t, p+20*mib, q, "the fewest whole handles from the run's high end")
 				assert.Equal(t, maps, mapCalls(e))
-				assert.Equal(t, uint64(62*mib), a.MemoryReserved())
+				assert.Equal(t, uint64(98*mib), a.MemoryReserved())
 			} else {
 				assert.Greater(t, mapCalls(e), maps, "handles cut to size")
-				// Reclaim unmaps s1's top 2+20 MiB, enough to stay within
-				// 1.01 × the 62 MiB high water mark plus a page; the
-				// growth maps exactly 30 MiB: 40 + 30.
-				assert.Equal(t, uint64(70*mib), a.MemoryReserved())
+				// Reclaim unmaps s1's top 20+2 MiB of p, enough to stay
+				// within 1.01 × the 98 MiB high water mark plus a page;
+				// the growth maps exactly 30 MiB: 98 − 22 + 30.
+				assert.Equal(t, uint64(106*mib), a.MemoryReserved())
 			}
 			mustCheck(t, a, e)
 			require.NoError(t, a.Free(q))
+			require.NoError(t, a.Free(r))
 			mustCheck(t, a, e)
 			assert.Empty(t, e.Violations())
 		})

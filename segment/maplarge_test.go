@@ -6,6 +6,8 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+
+	"github.com/vmmalloc/vmmalloc/backend"
 )
 
 // TestMapLargeCutsPieces: MapLarge cuts a range into handles of the piece
@@ -71,7 +73,7 @@ func TestMapLargeBadInput(t *testing.T) {
 		off, n, piece uint64
 		want          error
 	}{
-		{"piece below a page", 0, 8 * mib, gr, ErrInvalidRange},
+		{"piece of zero bytes", 0, 8 * mib, 0, ErrInvalidRange},
 		{"piece off the granule grid", 0, 8 * mib, page + mib, ErrInvalidRange},
 		{"unaligned offset", mib, 8 * mib, 2 * page, ErrInvalidRange},
 		{"beyond the segment", 60 * mib, 8 * mib, 2 * page, ErrOutOfRange},
@@ -81,6 +83,7 @@ func TestMapLargeBadInput(t *testing.T) {
 		d, s, c := newSeg(t, page, 16, 8)
 		before, cBefore := snap(s), *c
 		require.ErrorIs(t, s.MapLarge(0, 16*mib, 2*page), ErrInvalidRange)
+		require.ErrorIs(t, s.MapLarge(0, 16*mib, gr), ErrInvalidRange, "smaller pieces too")
 		assert.Equal(t, before, snap(s))
 		assert.Equal(t, cBefore, *c)
 		assert.Zero(t, d.liveHandles())
@@ -145,4 +148,39 @@ func newSegFromStart(t *testing.T, pageSize uint64, npages, maxCache int) (*fake
 	s, err := New(d, cfg)
 	require.NoError(t, err)
 	return d, s, c
+}
+
+// TestHandleCacheHoldsSizes: a cache that holds piece-size handles as
+// well as pages (Hold) takes them back at Unmap within its byte budget,
+// whatever their size, and MapLarge reuses those of its piece size only;
+// granule pieces need no page.
+func TestHandleCacheHoldsSizes(t *testing.T) {
+	const page = 8 * mib                       // 4 granules
+	d, s, c := newSegFromStart(t, page, 16, 4) // budget: 4 pages, 32 MiB
+	hc := s.cache
+	hc.Hold(2 * page)
+	hc.Hold(gr)
+	require.NoError(t, s.MapLarge(0, 40*mib, 2*page)) // 16, 16 and 8 MiB
+	require.NoError(t, s.MapLarge(40*mib, 4*gr, gr))  // four granule handles
+	assert.Equal(t, 7, s.HandleCount())
+	_, err := s.Unmap(0, 40*mib+4*gr)
+	require.NoError(t, err)
+	// 16 + 16 MiB fill the 32 MiB budget; the 8 MiB tail is a page, but
+	// the budget is spent, and so are the granules: freed.
+	assert.Equal(t, uint64(32*mib), hc.Bytes())
+	assert.Equal(t, 2, hc.Len())
+	assert.Equal(t, int64(5), c.HandlesFreed)
+
+	creates := d.count(backend.OpCreate)
+	require.NoError(t, s.MapLarge(0, 4*gr, gr)) // granules: none cached
+	assert.Equal(t, creates+4, d.count(backend.OpCreate))
+	require.NoError(t, s.MapLarge(16*mib, 32*mib, 2*page)) // both 16 MiB handles reused
+	assert.Equal(t, creates+4, d.count(backend.OpCreate))
+	assert.Equal(t, int64(2), c.HandlesReused)
+	assert.Zero(t, hc.Bytes())
+	checkConsistent(t, d, s)
+	require.NoError(t, s.Destroy())
+	require.NoError(t, hc.Trim(0))
+	assert.Zero(t, d.liveHandles())
+	assert.Equal(t, c.HandlesCreated, c.HandlesFreed)
 }

@@ -56,8 +56,9 @@
 // full-size one stays in the cache (beyond its limit; HandleCache.Trim
 // retries it) when the segment has a cache, and any other goes to the
 // segment's leftover list (FreeLeftovers, Release and Destroy retry it).
-// Only full-size handles ever enter a HandleCache, and never one shared
-// with another process (Config.Unmapped).
+// Only handles of a size the HandleCache holds (PageSize, and the sizes
+// HandleCache.Hold adds) ever enter it, and never one shared with another
+// process (Config.Unmapped).
 //
 // Map is all or nothing: if any step fails for any handle (creating it,
 // mapping it, setting its access), every handle this call mapped is
@@ -666,14 +667,16 @@ func (s *Segment) Map(off, n uint64) error {
 }
 
 // MapLarge is Map with handles of up to piece bytes (a multiple of
-// Granule, at least PageSize) instead of PageSize, cut every piece bytes
-// from off: fewer driver calls for a large range, at the cost of coarser
-// unmapping (a handle is unmapped whole) and of handles the HandleCache
-// does not hold (with piece > PageSize every handle is created fresh, and
-// Unmap frees any that is not exactly PageSize). With piece == PageSize it
-// is Map. Pieces larger than a page need a CutFromStart segment (under
-// CutAtPageGrid no handle crosses a page boundary); otherwise, and for a
-// bad piece, it returns ErrInvalidRange and does nothing.
+// Granule) instead of PageSize, cut every piece bytes from off: larger
+// pieces make fewer driver calls for a large range, at the cost of coarser
+// unmapping (a handle is unmapped whole); smaller ones (down to a granule)
+// let every free granule be unmapped. Whole pieces come from the
+// HandleCache when it holds their size (HandleCache.Hold), and Unmap
+// caches them again; other handles are created fresh and freed. With
+// piece == PageSize it is Map. Pieces other than a page need a
+// CutFromStart segment (under CutAtPageGrid handles follow the page
+// grid); otherwise, and for a bad piece, it returns ErrInvalidRange and
+// does nothing.
 func (s *Segment) MapLarge(off, n, piece uint64) error {
 	if err := s.checkPiece(off, n, piece); err != nil {
 		return err
@@ -710,7 +713,7 @@ func (s *Segment) BeginMapLarge(off, n, piece uint64) (*MapOp, error) {
 
 // checkPiece validates MapLarge's piece size.
 func (s *Segment) checkPiece(off, n, piece uint64) error {
-	if piece < s.pageSize || piece%s.gran != 0 || (piece > s.pageSize && s.cut != CutFromStart) {
+	if piece == 0 || piece%s.gran != 0 || (piece != s.pageSize && s.cut != CutFromStart) {
 		return fmt.Errorf("segment: map [%#x, +%#x) in %d-byte pieces: %w: want a multiple of the granule of at least a page, larger only when cutting from the start", off, n, piece, ErrInvalidRange)
 	}
 	return nil
@@ -768,23 +771,23 @@ func (op *MapOp) reset(s *Segment, off, end, size uint64) {
 	*op = MapOp{s: s, off: off, end: end, size: size, hs: hs[:np]}
 }
 
-// takeCached takes the full-size pieces' handles from the cache. With
-// pieces larger than a page none is taken.
+// takeCached takes the full-size pieces' handles (op.size bytes each)
+// from the cache, if it holds handles of that size.
 func (op *MapOp) takeCached() {
 	s, np := op.s, len(op.hs)
 	full0, full1 := 0, np
-	if op.size != s.pageSize {
+	if s.cache == nil || !s.cache.holds(op.size) {
 		full1 = 0
 	}
-	if lo, hi := s.piece(op.off, op.end, op.size, 0); full1 > full0 && hi-lo != s.pageSize {
+	if lo, hi := s.piece(op.off, op.end, op.size, 0); full1 > full0 && hi-lo != op.size {
 		full0 = 1
 	}
-	if lo, hi := s.piece(op.off, op.end, op.size, np-1); full1 > full0 && hi-lo != s.pageSize {
+	if lo, hi := s.piece(op.off, op.end, op.size, np-1); full1 > full0 && hi-lo != op.size {
 		full1--
 	}
 	op.cache0, op.cache1 = full0, full0
-	if s.cache != nil && full1 > full0 {
-		op.cache1 += s.cache.take(op.hs[full0:full1])
+	if full1 > full0 {
+		op.cache1 += s.cache.take(op.hs[full0:full1], op.size)
 	}
 }
 
@@ -898,7 +901,7 @@ func (s *Segment) rollbackMap(off, end, size uint64, nMapped int, hs []backend.H
 	}
 	for i := cache1 - 1; i >= cache0; i-- {
 		if hs[i] != 0 {
-			s.cache.restore(hs[i])
+			s.cache.restore(hs[i], size)
 		}
 	}
 	for i, h := range hs {
@@ -906,7 +909,7 @@ func (s *Segment) rollbackMap(off, end, size uint64, nMapped int, hs []backend.H
 			continue
 		}
 		lo, hi := s.piece(off, end, size, i)
-		if err := s.freeHandle(h, hi-lo == s.pageSize); err != nil {
+		if err := s.freeHandle(h, hi-lo, true); err != nil {
 			rbErrs = append(rbErrs, err)
 		}
 	}
@@ -940,13 +943,14 @@ func (s *Segment) takeHandle(g int) (backend.Handle, uint64) {
 	return h, uint64(k) * s.gran
 }
 
-// freeHandle frees h; if that fails it keeps h (a full-size handle in the
-// cache, beyond its limit, when there is one; else in the leftover list)
-// and returns an error wrapping ErrHandleNotFreed.
-func (s *Segment) freeHandle(h backend.Handle, full bool) error {
+// freeHandle frees h, of size bytes; if that fails it keeps h (in the
+// cache, beyond its limit, when cacheable and the cache holds its size;
+// else in the leftover list) and returns an error wrapping
+// ErrHandleNotFreed.
+func (s *Segment) freeHandle(h backend.Handle, size uint64, cacheable bool) error {
 	if err := s.drv.FreePhysical(h); err != nil {
-		if full && s.cache != nil {
-			s.cache.restore(h)
+		if cacheable && s.cache != nil && s.cache.holds(size) {
+			s.cache.restore(h, size)
 			return fmt.Errorf("%w: handle %#x kept in the handle cache: %w", ErrHandleNotFreed, uint64(h), err)
 		}
 		s.leftover = append(s.leftover, h)
@@ -956,18 +960,17 @@ func (s *Segment) freeHandle(h backend.Handle, full bool) error {
 	return nil
 }
 
-// discard disposes of a handle of size nbytes just unmapped: a full-size
-// one into the cache if there is one (which frees it when full), any
-// other back to the driver.
+// discard disposes of a handle of size nbytes just unmapped: one of a size
+// the cache holds into the cache if there is one (which frees it when its
+// budget is spent), any other back to the driver.
 func (s *Segment) discard(h backend.Handle, size uint64) error {
-	full := size == s.pageSize
 	if s.unmapped != nil && s.unmapped(h, size) {
-		return s.freeHandle(h, false) // shared: never cached
+		return s.freeHandle(h, size, false) // shared: never cached
 	}
-	if full && s.cache != nil {
-		return s.cache.put(h)
+	if s.cache != nil && s.cache.holds(size) {
+		return s.cache.put(h, size)
 	}
-	return s.freeHandle(h, full)
+	return s.freeHandle(h, size, true)
 }
 
 // Unmap unmaps the n bytes at offset off (multiples of Granule, n > 0,
