@@ -489,7 +489,7 @@ func (a *Allocator) Malloc(size uint64, stream backend.Stream) (uintptr, error) 
 	// The cache hit: the stream used last, no event to process, no
 	// history, a free block that fits. One lock round trip without defer:
 	// nothing between Lock and Unlock can panic.
-	if ss := a.lastS; ss != nil && !a.closed && a.pending == 0 && a.hist == nil && size-1 < a.total &&
+	if ss := a.lastS; ss != nil && !a.closed && !a.def.asleep && a.pending == 0 && a.hist == nil && size-1 < a.total &&
 		(ss.stream == stream || stream == 0 && ss.stream == a.defaultS) {
 		// Wraps to 0 only within 511 bytes of 2^64, which AllocFit refuses.
 		rounded := (size + minBlockSize - 1) &^ (minBlockSize - 1)
@@ -513,6 +513,9 @@ func (a *Allocator) mallocSlow(p *Pool, size uint64, stream backend.Stream) (uin
 	defer a.unlock()
 	if err := p.live(); err != nil {
 		return 0, err
+	}
+	if p.asleep {
+		return 0, p.notAwake()
 	}
 	if size == 0 {
 		return 0, fmt.Errorf("%w: zero bytes", ErrInvalidSize)
@@ -662,6 +665,9 @@ func (a *Allocator) Free(ptr uintptr) error {
 	if len(a.uses) == 0 && a.hist == nil && !a.closed {
 		if pk, ok := a.heap.FreeAt(ptr); ok {
 			ss := a.countFree(pk)
+			if ss.pool.asleep {
+				a.dropBackup(ss.pool, ptr)
+			}
 			if ss.idleOwner {
 				return a.releaseIdleUnlock()
 			}
@@ -730,6 +736,9 @@ func (a *Allocator) freeSlow(ptr uintptr) error {
 	}
 	pk, _ := a.heap.Peek(b)
 	owner := a.states[pk.Stream]
+	if owner.pool.asleep {
+		a.dropBackup(owner.pool, ptr)
+	}
 	owner.frees++
 	cl := &a.classes[pk.Pool]
 	for _, st := range a.statsOf(owner.pool) {
@@ -846,6 +855,9 @@ func (a *Allocator) RecordStream(ptr uintptr, s backend.Stream) error {
 	if a.freeing[b] {
 		return fmt.Errorf("%w: %#x is being freed by another call", ErrDoubleFree, ptr)
 	}
+	if p := a.ownerOf(b).pool; p.asleep {
+		return p.notAwake()
+	}
 	known := a.knownStream(s)
 	ss, err := a.stream(s)
 	if err != nil {
@@ -888,6 +900,7 @@ func (a *Allocator) statsLocked() stats.DeviceStats {
 	s.ExportedHandles, s.ExportedBytes, s.ExporterHeldHandles, s.ExporterHeldBytes = a.exportedTotals()
 	s.OwnedBytes = int64(a.owned.bytes.Load())
 	s.OwnedReclaimedBytes = int64(a.owned.cleaned.Load() - a.owned.cleanedBase.Load())
+	s.AsleepBytes, s.HostBackupBytes = a.sleepTotals(nil)
 	return s
 }
 
@@ -988,6 +1001,9 @@ func (a *Allocator) Close() error {
 		rs := a.mappedRanges()
 		_ = a.waitUnlocked(func() error { reportUnmapped(hs, rs); return nil })
 		a.hooks = nil
+	}
+	if err := a.closeSleeps(); err != nil {
+		errs = append(errs, err)
 	}
 	a.eachState(func(ss *streamState) {
 		for _, pe := range ss.queue {

@@ -69,6 +69,7 @@ func (a *Allocator) check() error {
 	want := &rc.all
 	nLive, nEvents, nRegions := 0, 0, 0
 	active := map[*streamState]int{}
+	slept := map[*Pool]uint64{} // bytes of sleeping pools' blocks (not mapped)
 	h.Regions(func(arena.RegionID) bool { nRegions++; return true })
 	if nRegions != len(a.segs) {
 		return corrupt("the heap holds %d regions, the allocator %d segments", nRegions, len(a.segs))
@@ -96,8 +97,9 @@ func (a *Allocator) check() error {
 		var mapped []segment.Run // mapped runs implied by the blocks
 		var runStart uint64      // offset where the current run of mapped blocks began
 		addr := r.Base
-		var unmappedBytes uint64
+		var unmappedBytes, sleptBytes uint64
 		var prev *arena.BlockInfo
+		prevMapped := false // prev is mapped: neither unmapped nor of a sleeping pool
 		for id := r.Head; id != arena.NoBlock; id = h.Next(id) {
 			b, _ := h.Block(id)
 			if b.Addr != addr || b.Size == 0 {
@@ -108,17 +110,28 @@ func (a *Allocator) check() error {
 			}
 			addr = b.End()
 			off := uint64(b.Addr - r.Base)
-			if b.State == arena.Unmapped {
-				if !sg.expandable || off%gran != 0 || b.Size%gran != 0 {
+			// A sleeping pool's blocks keep their state, but their
+			// handles are given back (sleep.go; checkSleeps).
+			asleep := b.State != arena.Unmapped && b.StreamID > 0 && int(b.StreamID) < len(a.states) &&
+				a.states[b.StreamID] != nil && a.states[b.StreamID].pool.asleep
+			if asleep {
+				slept[a.states[b.StreamID].pool] += b.Size
+				sleptBytes += b.Size
+			}
+			if b.State == arena.Unmapped || asleep {
+				if b.State == arena.Unmapped && (!sg.expandable || off%gran != 0 || b.Size%gran != 0) {
 					return corrupt("unmapped block %#x+%d not granule-aligned in an expandable segment", b.Addr, b.Size)
 				}
-				if prev != nil {
+				if prevMapped {
 					mapped = append(mapped, segment.Run{Off: runStart, Len: off - runStart})
 				}
 				runStart = off + b.Size
-				unmappedBytes += b.Size
-			} else {
-				if prev != nil && prev.State != arena.Unmapped && prev.StreamID != b.StreamID {
+				if !asleep {
+					unmappedBytes += b.Size
+				}
+			}
+			if b.State != arena.Unmapped {
+				if prevMapped && !asleep && prev.StreamID != b.StreamID {
 					// Owners are per stream and pool: this also says no
 					// mapped handle is shared by two pools.
 					if start, _, ok := sg.s.HandleRange(off); !ok || start != off {
@@ -139,7 +152,9 @@ func (a *Allocator) check() error {
 			var bp *Pool // the block's pool
 			if b.State != arena.Unmapped {
 				bp = a.states[b.StreamID].pool
-				rc.add(bp, func(w *stats.DeviceStats) { w.ReservedBytes.Add(cl.kind, n) })
+				if !asleep {
+					rc.add(bp, func(w *stats.DeviceStats) { w.ReservedBytes.Add(cl.kind, n) })
+				}
 			}
 			switch b.State {
 			case arena.Free:
@@ -178,11 +193,12 @@ func (a *Allocator) check() error {
 				}
 			}
 			prev = &b
+			prevMapped = b.State != arena.Unmapped && !asleep
 		}
 		if addr != r.End() {
 			return corrupt("blocks of segment %#x end at %#x, not %#x", r.Base, addr, r.End())
 		}
-		if prev != nil && prev.State != arena.Unmapped {
+		if prevMapped {
 			mapped = append(mapped, segment.Run{Off: runStart, Len: r.Size - runStart})
 		}
 		// The blocks that are not unmapped cover exactly the mapped granules.
@@ -195,8 +211,8 @@ func (a *Allocator) check() error {
 				return corrupt("segment %#x: blocks say mapped run %+v, segment %+v", r.Base, mapped[i], got[i])
 			}
 		}
-		if r.Size-unmappedBytes != sg.s.MappedBytes() {
-			return corrupt("segment %#x: %d bytes outside unmapped blocks but %d mapped", r.Base, r.Size-unmappedBytes, sg.s.MappedBytes())
+		if r.Size-unmappedBytes-sleptBytes != sg.s.MappedBytes() {
+			return corrupt("segment %#x: %d bytes outside unmapped and sleeping blocks but %d mapped", r.Base, r.Size-unmappedBytes-sleptBytes, sg.s.MappedBytes())
 		}
 	}
 	for _, z := range a.zombies {
@@ -305,6 +321,9 @@ func (a *Allocator) check() error {
 		return corrupt("pending counter %d, blocks %d", a.pending, pendingBlocks)
 	}
 	if err := compareStats(want, &a.st.DeviceStats); err != nil {
+		return err
+	}
+	if err := a.checkSleeps(slept); err != nil {
 		return err
 	}
 	return a.checkPools(&rc)
@@ -472,6 +491,7 @@ func (a *Allocator) footprint() (reservations, mappings []Range, cachedHandles i
 	for _, sg := range a.segs {
 		cachedHandles += sg.s.Leftovers()
 	}
+	cachedHandles += a.heldHandles() // sleeping pools' handles whose free failed
 	for _, z := range a.zombies {
 		if !z.s.Released() {
 			reservations = append(reservations, Range{Addr: z.s.Base(), Size: z.s.Size()})

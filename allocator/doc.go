@@ -122,6 +122,37 @@
 // Completed events are processed at the start of every Malloc that has
 // some pending.
 //
+// # Sleep and wake
+//
+// Pool.Sleep gives a pool's physical memory back to the driver and keeps
+// its addresses; Pool.Wake maps fresh handles at exactly the old places
+// (vLLM's sleep(level)/wake_up(tags), torch_memory_saver's pause/resume;
+// sleep.go). Every pool is an expandable pool, so sleeping is unmapping
+// the handles the pool already owns: a handle holds blocks of one owner,
+// hence of one pool.
+//
+//	          Sleep: sync the pool's streams (mu dropped), back up
+//	          allocated bytes (Offload; mu dropped), report Unmapped,
+//	          unmap and free every handle of the pool
+//	awake ──▶ sleeping ──────────────────────────────────▶ asleep
+//	  ▲          │ any failure: handles mapped back,         │
+//	  └──────────┘ contents untouched                        │ Wake
+//	  ▲                                                      ▼
+//	  └──────────── waking ◀─────────────────────────────────┘
+//	   restore       │ create handles (OOM ladder first), map
+//	   backups,      │ at the old offsets, set access; any
+//	   report Mapped │ failure: back to asleep, backups intact
+//
+// While a pool is not awake its blocks stay in the heap, allocated and
+// free, so no other pool's growth takes their address space; its Malloc
+// and RecordStream return ErrPoolAsleep, Free works (and drops the
+// block's backup), and every release (EmptyCache, the ladder, Synchronize,
+// ReleaseStream, reclaim) skips it. Its reserved bytes leave
+// ReservedBytes for AsleepBytes, so the memory fraction cap and the other
+// pools see the memory free at once; Wake's out-of-memory ladder takes
+// back other pools' free cache before it returns *OutOfMemoryError.
+// Check verifies the sleep records (checkSleeps).
+//
 // # Release policy and reserved-memory bound
 //
 // EmptyCache runs rung 2 of the ladder on demand. Synchronize(stream) waits

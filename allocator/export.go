@@ -45,6 +45,9 @@ func (a *Allocator) spans(ptr uintptr) (size uint64, spans []HandleSpan, err err
 		return 0, nil, a.badPointer(ptr)
 	}
 	b, _ := a.heap.Block(id)
+	if p := a.ownerOf(id).pool; p.asleep {
+		return 0, nil, p.notAwake() // its handles are given back
+	}
 	sg := a.segOfBlock(id)
 	if sg == nil {
 		return 0, nil, fmt.Errorf("%w: %#x has no segment", ErrUnknownPointer, ptr)

@@ -334,7 +334,7 @@ func (a *Allocator) mappedRanges() []SegmentRange {
 		}
 		for id := info.Head; id != arena.NoBlock; id = h.Next(id) {
 			b, _ := h.Block(id)
-			if b.State == arena.Unmapped || b.StreamID == 0 {
+			if b.State == arena.Unmapped || b.StreamID == 0 || a.states[b.StreamID].pool.asleep {
 				flush()
 				continue
 			}

@@ -162,6 +162,12 @@ type Pool struct {
 	// closing: Close is releasing the pool's memory without mu; Mallocs
 	// through it are refused. mu.
 	closing bool
+	// asleep: the pool is not awake (sleeping, asleep or waking;
+	// sleep.go): Malloc and RecordStream refuse it, releases skip it. mu.
+	asleep bool
+	// sleep is the pool's sleep record, kept while awake for its spare
+	// host buffers; nil until the first Sleep. mu.
+	sleep *poolSleep
 }
 
 // DefaultPool is the allocator's own cache, which Allocator.Malloc
@@ -306,7 +312,7 @@ func (p *Pool) Malloc(size uint64, stream backend.Stream) (uintptr, error) {
 	a.mu.Lock()
 	// The cache hit, as Allocator.Malloc's, on the pool's owner of the
 	// stream used last (a closed pool has none).
-	if ss := a.lastS; ss != nil && !a.closed && a.pending == 0 && a.hist == nil && size-1 < a.total &&
+	if ss := a.lastS; ss != nil && !a.closed && !p.asleep && a.pending == 0 && a.hist == nil && size-1 < a.total &&
 		(ss.stream == stream || stream == 0 && ss.stream == a.defaultS) && p.slot < len(ss.owners) {
 		if o := ss.owners[p.slot]; o != nil {
 			rounded := (size + minBlockSize - 1) &^ (minBlockSize - 1)
@@ -423,12 +429,15 @@ func (p *Pool) Stats() stats.DeviceStats {
 
 // poolStats is Pool.Stats with mu held.
 func (a *Allocator) poolStats(p *Pool) stats.DeviceStats {
+	var s stats.DeviceStats
 	if !a.pooled {
-		s := a.st.Settled()
+		s = a.st.Settled()
 		s.MaxSplitSize = a.st.MaxSplitSize
-		return s
+	} else {
+		s = p.st.Settled()
 	}
-	return p.st.Settled()
+	s.AsleepBytes, s.HostBackupBytes = a.sleepTotals(p)
+	return s
 }
 
 // MemoryAllocated is the bytes in the pool's allocated blocks.
@@ -511,6 +520,9 @@ func (p *Pool) Close() error {
 	if err := p.live(); err != nil {
 		return err // closed by another Close meanwhile
 	}
+	if p.asleep {
+		return fmt.Errorf("%w: wake it before Close", p.notAwake())
+	}
 	if n := p.st.Active[stats.AllPools].Current; n > 0 {
 		return fmt.Errorf("%w: pool %q has %d allocations (%d bytes) not yet freed", ErrPoolBusy, p.name, n, p.st.ActiveBytes[stats.AllPools].Current)
 	}
@@ -572,6 +584,9 @@ func (p *Pool) Close() error {
 		a.unregister(o)
 	}
 	a.unregister(p.idle)
+	if p.sleep != nil {
+		_ = a.dropSleep(p) // awake: only spare host buffers
+	}
 	p.closed = true
 	a.pools[p.slot] = nil
 	a.poolsClosed++

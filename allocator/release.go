@@ -524,6 +524,9 @@ func (a *Allocator) commitReleased(ss *streamState, rel arena.BlockID, sg *seg, 
 // whole physical handle. mu held.
 func (a *Allocator) releasable(b arena.BlockID) bool {
 	info, _ := a.heap.Block(b)
+	if a.states[info.StreamID].pool.asleep {
+		return false // sleep.go: its handles are not the heap's to release
+	}
 	sg := a.segOf[info.Region]
 	if !sg.expandable {
 		return !info.IsSplit()
@@ -539,8 +542,8 @@ func (a *Allocator) releasable(b arena.BlockID) bool {
 // releasing in the heap while it is unmapped. mu held.
 func (a *Allocator) releaseBlock(ss *streamState, b arena.BlockID, limit uint64) error {
 	info, ok := a.heap.Block(b)
-	if !ok || info.State != arena.Free || info.StreamID != ss.sid {
-		return nil // merged or released since the walk
+	if !ok || info.State != arena.Free || info.StreamID != ss.sid || ss.pool.asleep {
+		return nil // merged or released since the walk; or asleep (sleep.go)
 	}
 	sg := a.segOf[info.Region]
 	cl := sg.class

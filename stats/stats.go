@@ -220,6 +220,12 @@ type DeviceStats struct {
 	OwnedBytes          int64 // bytes requested by owned buffers not yet freed (allocator.Buffer)
 	NumOwnedCollections int64 // garbage collections the out-of-memory ladder ran for owned buffers
 	OwnedReclaimedBytes int64 // bytes of owned buffers freed by their cleanups (dropped without Free)
+
+	// Sleep and wake of pools (allocator Pool.Sleep): device bytes of
+	// sleeping pools' handles, given back to the driver and not in
+	// ReservedBytes; host bytes of their backups and kept buffers.
+	AsleepBytes     int64
+	HostBackupBytes int64
 }
 
 // ResetPeak resets every peak to its current value

@@ -78,3 +78,18 @@ func (f *fakeT) Errorf(format string, args ...any) {
 }
 
 func (f *fakeT) FailNow() { panic("FailNow") }
+
+// TestSleepCyclesRealMemory runs the sleep/wake integrity test over the
+// emulator's real memory.
+func TestSleepCyclesRealMemory(t *testing.T) {
+	e, err := emulated.New(emulated.WithRealMemory(), emulated.WithCapacity(256<<20))
+	if err != nil {
+		t.Skipf("no real memory: %v", err)
+	}
+	for _, conf := range []string{"", "large_segment_size_mb:2", "large_segment_size_mb:2,expandable_handle_mb:4,handle_cache_mb:0"} {
+		r := integrity.SleepCycles(t, e, integrity.SleepOptions{Config: conf})
+		require.Equal(t, 6, r.Cycles)
+		require.Positive(t, r.Verified)
+		require.Empty(t, e.Violations())
+	}
+}

@@ -9,6 +9,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/vmmalloc/vmmalloc/allocator"
+	vmintegrity "github.com/vmmalloc/vmmalloc/allocator/integrity"
 	"github.com/vmmalloc/vmmalloc/backend"
 	"github.com/vmmalloc/vmmalloc/stats"
 )
@@ -164,4 +165,16 @@ func TestAllocatorFaults(t *testing.T) {
 			}
 		}
 	}
+}
+
+// TestSleepCyclesDouble: sleep and wake keep contents byte-exact over the
+// binding and the ACL double (aclrtUnmapMem/aclrtFreePhysical at sleep,
+// aclrtMallocPhysical/aclrtMapMem at the old addresses at wake, backups in
+// aclrtMallocHost buffers through aclrtMemcpyAsync).
+func TestSleepCyclesDouble(t *testing.T) {
+	d := open(t)
+	main_.capacity(t, 0, 256<<20)
+	r := vmintegrity.SleepCycles(t, d, vmintegrity.SleepOptions{})
+	require.Equal(t, 6, r.Cycles)
+	require.Positive(t, r.Verified)
 }

@@ -30,3 +30,19 @@ func TestIntegrityDouble(t *testing.T) {
 		})
 	}
 }
+
+// TestSleepCyclesDouble: sleep and wake keep contents byte-exact over the
+// binding and the double (cuMemUnmap/cuMemRelease at sleep, cuMemCreate/
+// cuMemMap/cuMemSetAccess at the old addresses at wake, backups through
+// cuMemHostAlloc'd buffers and cuMemcpy*).
+func TestSleepCyclesDouble(t *testing.T) {
+	d, dbl := openDouble(t, func(dbl *cudatest.Double) {
+		require.NoError(t, dbl.SetGranularity(64<<10, 2<<20))
+		require.NoError(t, dbl.SetCapacity(-1, 256<<20))
+	})
+	r := integrity.SleepCycles(t, d, integrity.SleepOptions{})
+	assert.Equal(t, 6, r.Cycles)
+	assert.Positive(t, r.Verified)
+	assert.Positive(t, dbl.Calls("cuMemRelease"))
+	assert.Positive(t, dbl.Calls("cuMemHostAlloc"))
+}

@@ -1,0 +1,486 @@
+package allocator
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"sync"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/vmmalloc/vmmalloc/backend"
+	"github.com/vmmalloc/vmmalloc/backend/emulated"
+	"github.com/vmmalloc/vmmalloc/segment"
+)
+
+// pinnedHost is a HostAllocator straight over the driver's pinned host
+// memory (package host imports this one, so its tests cannot use it).
+type pinnedHost struct {
+	mu   sync.Mutex
+	d    backend.HostMemory
+	live map[uintptr]bool
+}
+
+func newPinnedHost(d backend.HostMemory) *pinnedHost {
+	return &pinnedHost{d: d, live: map[uintptr]bool{}}
+}
+
+func (h *pinnedHost) Malloc(n uint64) (uintptr, error) {
+	p, err := h.d.MallocHost(n)
+	if err == nil {
+		h.mu.Lock()
+		h.live[p] = true
+		h.mu.Unlock()
+	}
+	return p, err
+}
+
+func (h *pinnedHost) Free(p uintptr) error {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if !h.live[p] {
+		return fmt.Errorf("pinnedHost: free of %#x, not live", p)
+	}
+	if err := h.d.FreeHost(p); err != nil {
+		return err
+	}
+	delete(h.live, p)
+	return nil
+}
+
+func (h *pinnedHost) Live() int {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return len(h.live)
+}
+
+// patterned is a live allocation whose bytes the test wrote.
+type patterned struct {
+	p    uintptr
+	data []byte
+}
+
+func fill(t testing.TB, c backend.Copier, s backend.Stream, p uintptr, n int, seed uint64) patterned {
+	t.Helper()
+	data := make([]byte, n)
+	_, _ = rand.NewChaCha8([32]byte{byte(seed), byte(seed >> 8), 7}).Read(data)
+	require.NoError(t, c.CopyHtoD(p, data, s))
+	return patterned{p: p, data: data}
+}
+
+func verify(t testing.TB, c backend.Copier, s backend.Stream, bs []patterned) {
+	t.Helper()
+	for _, b := range bs {
+		got := make([]byte, len(b.data))
+		require.NoError(t, c.CopyDtoH(got, b.p, s))
+		require.True(t, bytes.Equal(b.data, got), "block %#x+%d lost its contents", b.p, len(b.data))
+	}
+}
+
+// sleepSetup makes an allocator over the emulator with real memory and a
+// pool with blocks of several size classes, some spanning several
+// handles, and some free cache; it returns the live blocks.
+func sleepSetup(t *testing.T, conf string, opts ...emulated.Option) (*Allocator, *emulated.Emulator, *Pool, []patterned) {
+	t.Helper()
+	opts = append([]emulated.Option{emulated.WithRealMemory(), emulated.WithCapacity(256 << 20)}, opts...)
+	a, e := newAlloc(t, conf, opts...)
+	p, err := a.NewPool(PoolOptions{Name: "weights"})
+	require.NoError(t, err)
+	s := a.DefaultStream()
+	var live []patterned
+	for i, n := range []int{700, 300 << 10, 5<<20 + 4096, 1 << 20, 9 << 20, 2000, 3<<20 + 512} {
+		ptr, err := p.Malloc(uint64(n), 0)
+		require.NoError(t, err)
+		live = append(live, fill(t, e, s, ptr, n, uint64(i+1)))
+	}
+	// Free cache inside the pool's handles.
+	require.NoError(t, a.Free(live[3].p))
+	live = append(live[:3], live[4:]...)
+	return a, e, p, live
+}
+
+func TestSleepWakeOffloadKeepsContents(t *testing.T) {
+	for _, conf := range []string{"", "large_segment_size_mb:2,small_segment_size_mb:2", "expandable_handle_mb:4,large_segment_size_mb:2"} {
+		for _, keep := range []bool{false, true} {
+			t.Run(fmt.Sprintf("%q/keep=%v", conf, keep), func(t *testing.T) {
+				a, e, p, live := sleepSetup(t, conf)
+				s := a.DefaultStream()
+				host := newPinnedHost(e)
+				other, err := a.Malloc(1<<20, 0) // the default pool stays awake
+				require.NoError(t, err)
+				for cycle := 0; cycle < 3; cycle++ {
+					reserved := p.MemoryReserved()
+					freeBefore, _, err := e.MemGetInfo(0)
+					require.NoError(t, err)
+					require.NoError(t, p.Sleep(SleepOptions{Mode: Offload, Host: host, KeepHostBuffers: keep}))
+					assert.Equal(t, Asleep, p.SleepState())
+					mustCheck(t, a, e)
+					freeAsleep, _, err := e.MemGetInfo(0)
+					require.NoError(t, err)
+					assert.Equal(t, freeBefore+reserved, freeAsleep, "device free memory rises by the pool's reserved bytes")
+					st := p.Stats()
+					assert.Equal(t, int64(reserved), st.AsleepBytes)
+					assert.Zero(t, st.ReservedBytes[0].Current)
+					var want int64
+					for _, b := range live {
+						want += int64(len(b.data))
+					}
+					assert.GreaterOrEqual(t, st.HostBackupBytes, want)
+					assert.Equal(t, int64(reserved), a.Stats().AsleepBytes)
+
+					_, err = p.Malloc(4096, 0)
+					assert.ErrorIs(t, err, ErrPoolAsleep)
+					assert.ErrorIs(t, a.RecordStream(live[0].p, s), ErrPoolAsleep)
+					assert.ErrorIs(t, p.Sleep(SleepOptions{}), ErrPoolAsleep)
+					_, _, err = a.Spans(live[0].p)
+					assert.ErrorIs(t, err, ErrPoolAsleep)
+					assert.ErrorIs(t, p.Close(), ErrPoolAsleep)
+					// The default pool works while the pool sleeps.
+					q, err := a.Malloc(3<<20, 0)
+					require.NoError(t, err)
+					require.NoError(t, a.Free(q))
+
+					if cycle == 1 { // a block freed while asleep
+						require.NoError(t, a.Free(live[1].p))
+						live = append(live[:1], live[2:]...)
+						mustCheck(t, a, e)
+					}
+					require.NoError(t, p.Wake())
+					assert.Equal(t, Awake, p.SleepState())
+					assert.ErrorIs(t, p.Wake(), ErrPoolAwake)
+					mustCheck(t, a, e)
+					verify(t, e, s, live)
+					assert.Equal(t, reserved, p.MemoryReserved(), "the same handles come back, free cache included")
+					st = p.Stats()
+					assert.Zero(t, st.AsleepBytes)
+					if keep {
+						assert.Positive(t, st.HostBackupBytes)
+						assert.Positive(t, host.Live())
+					} else {
+						assert.Zero(t, st.HostBackupBytes)
+						assert.Zero(t, host.Live())
+					}
+					// The pool allocates again, into its cache.
+					x, err := p.Malloc(100<<10, 0)
+					require.NoError(t, err)
+					live = append(live, fill(t, e, s, x, 100<<10, uint64(100+cycle)))
+				}
+				require.NoError(t, a.Free(other))
+				for _, b := range live {
+					require.NoError(t, a.Free(b.p))
+				}
+				require.NoError(t, p.Close())
+				assert.Zero(t, host.Live(), "Close gives kept buffers back")
+				mustCheck(t, a, e)
+			})
+		}
+	}
+}
+
+func TestSleepDefaultPoolDiscard(t *testing.T) {
+	a, e := newAlloc(t, "", emulated.WithRealMemory(), emulated.WithCapacity(128<<20))
+	d := a.DefaultPool()
+	var ptrs []uintptr
+	for _, n := range []uint64{1 << 20, 30 << 20, 4096} {
+		p, err := a.Malloc(n, 0)
+		require.NoError(t, err)
+		ptrs = append(ptrs, p)
+	}
+	reserved := a.MemoryReserved()
+	require.NoError(t, d.Sleep(SleepOptions{Mode: Discard}))
+	assert.Zero(t, a.MemoryReserved())
+	assert.Equal(t, int64(reserved), a.Stats().AsleepBytes)
+	assert.Zero(t, a.Stats().HostBackupBytes)
+	_, err := a.Malloc(512, 0)
+	assert.ErrorIs(t, err, ErrPoolAsleep)
+	mustCheck(t, a, e)
+	require.NoError(t, d.Wake())
+	assert.Equal(t, reserved, a.MemoryReserved())
+	// Discarded, but mapped and writable at the same addresses.
+	for i, p := range ptrs {
+		verify(t, e, a.DefaultStream(), []patterned{fill(t, e, a.DefaultStream(), p, 4096, uint64(i))})
+		require.NoError(t, a.Free(p))
+	}
+	mustCheck(t, a, e)
+}
+
+func TestSleepRefusals(t *testing.T) {
+	t.Run("classic", func(t *testing.T) {
+		a, _ := newAlloc(t, "", emulated.WithCapacity(gib))
+		p, err := a.NewPool(PoolOptions{Segments: SegmentsClassic})
+		require.NoError(t, err)
+		assert.ErrorIs(t, p.Sleep(SleepOptions{}), ErrInvalidPool)
+		assert.ErrorIs(t, p.Wake(), ErrPoolAwake)
+		assert.Equal(t, Awake, p.SleepState())
+	})
+	t.Run("bad options", func(t *testing.T) {
+		a, _ := newAlloc(t, "", emulated.WithCapacity(gib))
+		assert.ErrorIs(t, a.DefaultPool().Sleep(SleepOptions{Mode: 7}), ErrInvalidConfig)
+		// Offload needs a Copier: the emulator without real memory has
+		// one, but its copies fail, and the sleep rolls back.
+		p, err := a.Malloc(1<<20, 0)
+		require.NoError(t, err)
+		err = a.DefaultPool().Sleep(SleepOptions{Mode: Offload})
+		assert.ErrorIs(t, err, backend.ErrNotSupported)
+		assert.Equal(t, Awake, a.DefaultPool().SleepState())
+		require.NoError(t, a.Free(p))
+		require.NoError(t, a.Check())
+	})
+	t.Run("exported", func(t *testing.T) {
+		a, e := newAlloc(t, "", emulated.WithCapacity(gib))
+		p, err := a.NewPool(PoolOptions{})
+		require.NoError(t, err)
+		x, err := p.Malloc(4<<20, 0)
+		require.NoError(t, err)
+		r := newRefHolder(e)
+		r.share(t, a, x)
+		assert.ErrorIs(t, p.Sleep(SleepOptions{}), ErrPoolExported)
+		assert.Equal(t, Awake, p.SleepState())
+		require.NoError(t, a.Free(x))
+		require.NoError(t, a.EmptyCache()) // the holder lets its references go
+		require.NoError(t, a.Check())
+	})
+	t.Run("closed", func(t *testing.T) {
+		a, _ := newAlloc(t, "", emulated.WithCapacity(gib))
+		p, err := a.NewPool(PoolOptions{})
+		require.NoError(t, err)
+		require.NoError(t, p.Close())
+		assert.ErrorIs(t, p.Sleep(SleepOptions{}), ErrClosed)
+		require.NoError(t, a.Close())
+		assert.ErrorIs(t, a.DefaultPool().Wake(), ErrClosed)
+	})
+}
+
+// TestSleepWakeOOM: a pool's sleep frees memory another pool uses at
+// once; its wake takes back the other pool's free cache through the
+// ladder, or, while the other pool holds the memory, fails with an
+// *OutOfMemoryError and stays asleep with its backups intact.
+func TestSleepWakeOOM(t *testing.T) {
+	a, e := newAlloc(t, "", emulated.WithRealMemory(), emulated.WithCapacity(128<<20))
+	s := a.DefaultStream()
+	host := newPinnedHost(e)
+	roll, err := a.NewPool(PoolOptions{Name: "rollout"})
+	require.NoError(t, err)
+	train, err := a.NewPool(PoolOptions{Name: "train"})
+	require.NoError(t, err)
+	w, err := roll.Malloc(80<<20, 0)
+	require.NoError(t, err)
+	weights := []patterned{fill(t, e, s, w, 80<<20, 42)}
+	_, err = train.Malloc(80<<20, 0)
+	var oom *OutOfMemoryError
+	require.ErrorAs(t, err, &oom, "the device cannot hold both")
+
+	require.NoError(t, roll.Sleep(SleepOptions{Mode: Offload, Host: host}))
+	g, err := train.Malloc(80<<20, 0)
+	require.NoError(t, err, "the sleeping pool's memory is free at once")
+
+	err = roll.Wake()
+	require.ErrorAs(t, err, &oom)
+	assert.Equal(t, roll.ID(), oom.Pool)
+	assert.Equal(t, Asleep, roll.SleepState())
+	mustCheck(t, a, e)
+
+	require.NoError(t, a.Free(g)) // free cache of the training pool
+	assert.Positive(t, train.MemoryReserved())
+	require.NoError(t, roll.Wake(), "the ladder takes back the other pool's cache")
+	assert.Zero(t, train.MemoryReserved())
+	verify(t, e, s, weights)
+	mustCheck(t, a, e)
+	require.NoError(t, a.Free(w))
+}
+
+// sleepOps and wakeOps are the driver calls Sleep and Wake make.
+var (
+	sleepOps = []backend.Op{backend.OpStreamSync, backend.OpMallocHost, backend.OpMemcpy, backend.OpUnmap, backend.OpFree, backend.OpFreeHost, backend.OpEventQuery}
+	wakeOps  = []backend.Op{backend.OpCreate, backend.OpMap, backend.OpSetAccess, backend.OpMemcpy, backend.OpFreeHost, backend.OpMemGetInfo, backend.OpUnmap, backend.OpFree}
+)
+
+// TestSleepWakeFaultSweep fails every driver call of Sleep and of Wake
+// once, one call index at a time: each failure leaves the pool in the
+// state before the call with its contents intact (or, for a handle whose
+// free failed, asleep with the handle kept), and nothing leaks.
+func TestSleepWakeFaultSweep(t *testing.T) {
+	for _, phase := range []string{"sleep", "wake"} {
+		ops := sleepOps
+		if phase == "wake" {
+			ops = wakeOps
+		}
+		for _, op := range ops {
+			for _, kind := range []error{backend.ErrUnavailable, backend.ErrOutOfMemory} {
+				t.Run(fmt.Sprintf("%s/%v/%v", phase, op, kind), func(t *testing.T) {
+					a, e, p, live := sleepSetup(t, "large_segment_size_mb:2,small_segment_size_mb:2")
+					s := a.DefaultStream()
+					host := newPinnedHost(e)
+					opts := SleepOptions{Mode: Offload, Host: host}
+					reserved := p.MemoryReserved()
+					fired := 0
+					for n := 1; ; n++ {
+						if phase == "wake" {
+							require.NoError(t, p.Sleep(opts))
+						}
+						before := e.Calls(op)
+						require.NoError(t, e.FailNth(op, n, kind))
+						var err error
+						if phase == "sleep" {
+							err = p.Sleep(opts)
+						} else {
+							err = p.Wake()
+						}
+						reached := e.Calls(op)-before >= int64(n)
+						e.ClearFaults()
+						mustCheck(t, a, e)
+						switch st := p.SleepState(); {
+						case err == nil:
+							// A failure the call absorbs (a retried create, a
+							// host free); it must still have done its work.
+							if phase == "sleep" {
+								require.Equal(t, Asleep, st)
+							} else {
+								require.Equal(t, Awake, st)
+							}
+						case phase == "sleep" && errors.Is(err, segment.ErrHandleNotFreed):
+							require.Equal(t, Asleep, st, "%v", err)
+						case phase == "sleep":
+							require.Equal(t, Awake, st, "%v", err)
+							require.Equal(t, reserved, p.MemoryReserved())
+							verify(t, e, s, live)
+						default:
+							require.Equal(t, Asleep, st, "%v", err)
+						}
+						if reached {
+							fired++
+						}
+						if p.SleepState() == Asleep {
+							require.NoError(t, p.Wake())
+						}
+						mustCheck(t, a, e)
+						verify(t, e, s, live)
+						require.Equal(t, reserved, p.MemoryReserved())
+						if !reached {
+							break
+						}
+					}
+					if phase == "sleep" && (op == backend.OpUnmap || op == backend.OpFree || op == backend.OpMemcpy || op == backend.OpMallocHost) ||
+						phase == "wake" && (op == backend.OpCreate || op == backend.OpMap || op == backend.OpSetAccess || op == backend.OpMemcpy) {
+						assert.Positive(t, fired, "the sweep must reach %v", op)
+					}
+					for _, b := range live {
+						require.NoError(t, a.Free(b.p))
+					}
+					require.NoError(t, p.Close())
+					assert.Zero(t, host.Live())
+				})
+			}
+		}
+	}
+}
+
+// TestSleepWakeHooks: the hooks see the pool's ranges unmapped at sleep
+// and mapped (and accessible) at wake; a hook refusing the wake keeps the
+// pool asleep with nothing mapped.
+func TestSleepWakeHooks(t *testing.T) {
+	a, e := newAlloc(t, "", emulated.WithCapacity(gib))
+	p, err := a.NewPool(PoolOptions{})
+	require.NoError(t, err)
+	x, err := p.Malloc(50<<20, 0)
+	require.NoError(t, err)
+	g := newRegistrar(e)
+	_, err = a.AddSegmentHook(g.hook(p))
+	require.NoError(t, err)
+	maps, unms := g.maps, g.unms
+	require.NoError(t, p.Sleep(SleepOptions{}))
+	assert.Equal(t, unms+1, g.unms)
+	assert.Empty(t, g.regs)
+	require.NoError(t, p.Wake())
+	assert.Equal(t, maps+1, g.maps)
+	assert.Len(t, g.regs, 1)
+
+	require.NoError(t, p.Sleep(SleepOptions{}))
+	g.fail = func(SegmentRange) error { return errors.New("no") }
+	err = p.Wake()
+	assert.ErrorIs(t, err, ErrSegmentHook)
+	assert.Equal(t, Asleep, p.SleepState())
+	mustCheck(t, a, e)
+	g.fail = nil
+	require.NoError(t, p.Wake())
+	require.NoError(t, a.Free(x))
+	mustCheck(t, a, e)
+}
+
+// TestSleepWakeConcurrent: goroutines sleep, wake, allocate and free on
+// several pools at once; every refusal is typed, and the invariants hold.
+func TestSleepWakeConcurrent(t *testing.T) {
+	a, e := newAlloc(t, "", emulated.WithCapacity(4*gib))
+	pools := []*Pool{a.DefaultPool()}
+	for i := 0; i < 3; i++ {
+		p, err := a.NewPool(PoolOptions{Name: fmt.Sprint("p", i)})
+		require.NoError(t, err)
+		pools = append(pools, p)
+	}
+	var wg sync.WaitGroup
+	errc := make(chan error, 64)
+	for gi := 0; gi < 6; gi++ {
+		wg.Add(1)
+		go func(gi int) {
+			defer wg.Done()
+			rng := rand.New(rand.NewPCG(uint64(gi), 3))
+			var mine []uintptr
+			for i := 0; i < 150; i++ {
+				p := pools[rng.IntN(len(pools))]
+				var err error
+				switch rng.IntN(5) {
+				case 0:
+					err = p.Sleep(SleepOptions{})
+					if errors.Is(err, ErrPoolAsleep) || errors.Is(err, ErrSleepInProgress) {
+						err = nil
+					}
+				case 1:
+					err = p.Wake()
+					if errors.Is(err, ErrPoolAwake) || errors.Is(err, ErrSleepInProgress) {
+						err = nil
+					}
+				case 2, 3:
+					var x uintptr
+					x, err = p.Malloc(uint64(1+rng.IntN(8<<20)), 0)
+					if errors.Is(err, ErrPoolAsleep) {
+						err = nil
+					} else if err == nil {
+						mine = append(mine, x)
+					}
+				default:
+					if len(mine) > 0 {
+						j := rng.IntN(len(mine))
+						err = a.Free(mine[j])
+						mine = append(mine[:j], mine[j+1:]...)
+					}
+				}
+				if err != nil {
+					errc <- err
+					return
+				}
+			}
+			for _, x := range mine {
+				if err := a.Free(x); err != nil {
+					errc <- err
+					return
+				}
+			}
+		}(gi)
+	}
+	wg.Wait()
+	close(errc)
+	for err := range errc {
+		require.NoError(t, err)
+	}
+	mustCheck(t, a, e)
+	for _, p := range pools {
+		if p.SleepState() == Asleep {
+			require.NoError(t, p.Wake())
+		}
+	}
+	mustCheck(t, a, e)
+	assert.Zero(t, a.MemoryAllocated())
+}
