@@ -30,12 +30,16 @@ func sharedSnapshots(t testing.TB) []namedSnapshot {
 	return out
 }
 
-// policySnapshots loads the snapshots of tracesDir()/policy (issue 19: the
-// traces on which the default policy missed its targets), named
+// policySnapshots loads the snapshots of trace.SharedDir()/policy (issue
+// 19: the traces on which the default policy missed its targets), named
 // "policy/<file>"; none when the folder is absent.
 func policySnapshots(t testing.TB) []namedSnapshot {
 	t.Helper()
-	files, _ := filepath.Glob(filepath.Join(tracesDir(), "policy", "*.pickle"))
+	dir, err := trace.SharedDir()
+	if err != nil {
+		return nil
+	}
+	files, _ := filepath.Glob(filepath.Join(dir, "policy", "*.pickle"))
 	slices.Sort(files)
 	out := make([]namedSnapshot, 0, len(files))
 	for _, f := range files {
