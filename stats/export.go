@@ -50,8 +50,10 @@ func WriteJSON(w io.Writer, d *DeviceStats) error {
 //     Prometheus treats as a counter reset);
 //   - oversize_allocations and oversize_segments follow the same rule
 //     with one sample;
-//   - the scalars become counters vmmalloc_<key>_total, except
-//     max_split_size, a gauge.
+//   - the scalars become counters vmmalloc_<key>_total, except the
+//     gauges max_split_size, stranded_bytes, exported_handles,
+//     exported_bytes, exporter_held_handles, exporter_held_bytes,
+//     owned_bytes, asleep_bytes and host_backup_bytes.
 type Metric struct {
 	Name    string // full metric name, e.g. "vmmalloc_reserved_bytes_current"
 	Help    string // one sentence

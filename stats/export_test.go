@@ -51,7 +51,8 @@ func TestWriteJSONExact(t *testing.T) {
 		`  "allocated_bytes.all.current": 31458816,`,
 		`  "reserved_bytes.large_pool.peak": 44040192,`,
 		`  "num_ooms": 2,`,
-		`  "segment.small_pool.peak": 1`,
+		`  "segment.small_pool.peak": 1,`,
+		`  "stranded_bytes": 0`,
 	} {
 		assert.Contains(t, strings.Split(buf.String(), "\n"), l)
 	}
@@ -63,7 +64,7 @@ func TestWriteJSONExact(t *testing.T) {
 
 func TestMetricsShape(t *testing.T) {
 	ms := Metrics()
-	require.Len(t, ms, 54)
+	require.Len(t, ms, 64)
 	names := make([]string, len(ms))
 	samples := 0
 	for i, m := range ms {

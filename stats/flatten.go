@@ -81,6 +81,16 @@ var scalarDescs = [...]scalarDesc{
 	{"handles_created", kindCounter, "Physical handles created.", func(d *DeviceStats) int64 { return d.HandlesCreated }},
 	{"handles_freed", kindCounter, "Physical handles freed to the driver.", func(d *DeviceStats) int64 { return d.HandlesFreed }},
 	{"handles_reused", kindCounter, "Physical handles taken from the handle cache.", func(d *DeviceStats) int64 { return d.HandlesReused }},
+	{"stranded_bytes", kindGauge, "Reserved bytes held for streams destroyed without ReleaseStream.", func(d *DeviceStats) int64 { return d.StrandedBytes }},
+	{"exported_handles", kindGauge, "Physical handles shared with other processes (allocator/ipc).", func(d *DeviceStats) int64 { return d.ExportedHandles }},
+	{"exported_bytes", kindGauge, "Bytes of the physical handles shared with other processes.", func(d *DeviceStats) int64 { return d.ExportedBytes }},
+	{"exporter_held_handles", kindGauge, "Shared handles the allocator has unmapped that exporters hold for open exports.", func(d *DeviceStats) int64 { return d.ExporterHeldHandles }},
+	{"exporter_held_bytes", kindGauge, "Bytes of the shared handles that only exporters hold.", func(d *DeviceStats) int64 { return d.ExporterHeldBytes }},
+	{"owned_bytes", kindGauge, "Bytes requested by owned buffers not yet freed.", func(d *DeviceStats) int64 { return d.OwnedBytes }},
+	{"num_owned_collections", kindCounter, "Garbage collections the out-of-memory ladder ran for owned buffers.", func(d *DeviceStats) int64 { return d.NumOwnedCollections }},
+	{"owned_reclaimed_bytes", kindCounter, "Bytes of owned buffers freed by their cleanups.", func(d *DeviceStats) int64 { return d.OwnedReclaimedBytes }},
+	{"asleep_bytes", kindGauge, "Bytes of pools that sleep (their handles given back, addresses kept).", func(d *DeviceStats) int64 { return d.AsleepBytes }},
+	{"host_backup_bytes", kindGauge, "Bytes of sleeping pools backed up in host memory.", func(d *DeviceStats) int64 { return d.HostBackupBytes }},
 }
 
 // reportPools lists the pools in the order reports show them.
@@ -88,7 +98,7 @@ var reportPools = [...]PoolKind{AllPools, LargePool, SmallPool}
 
 // NumFlatKeys is the number of keys Flatten returns: four fields for each
 // pool of each StatArray, four for each single Stat, and one per scalar.
-const NumFlatKeys = 126
+const NumFlatKeys = 136
 
 // numFlatKeys is NumFlatKeys as the tables above define it.
 const numFlatKeys = len(arrayDescs)*int(NumPoolKinds)*len(statFields) +
@@ -110,7 +120,11 @@ const (
 //	<scalar>                num_alloc_retries, num_ooms, num_sync_all_streams,
 //	                        num_device_alloc, num_device_free, max_split_size,
 //	                        num_stream_syncs, handles_created, handles_freed,
-//	                        handles_reused
+//	                        handles_reused, stranded_bytes, exported_handles,
+//	                        exported_bytes, exporter_held_handles,
+//	                        exporter_held_bytes, owned_bytes,
+//	                        num_owned_collections, owned_reclaimed_bytes,
+//	                        asleep_bytes, host_backup_bytes
 //
 // where array is one of allocation, segment, active, inactive_split,
 // allocated_bytes, reserved_bytes, active_bytes, inactive_split_bytes,

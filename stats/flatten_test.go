@@ -47,14 +47,24 @@ func flatKeyPointers(d *DeviceStats) map[string]*int64 {
 	m["handles_freed"] = &d.HandlesFreed
 	m["handles_reused"] = &d.HandlesReused
 	m["max_split_size"] = &d.MaxSplitSize
+	m["stranded_bytes"] = &d.StrandedBytes
+	m["exported_handles"] = &d.ExportedHandles
+	m["exported_bytes"] = &d.ExportedBytes
+	m["exporter_held_handles"] = &d.ExporterHeldHandles
+	m["exporter_held_bytes"] = &d.ExporterHeldBytes
+	m["owned_bytes"] = &d.OwnedBytes
+	m["num_owned_collections"] = &d.NumOwnedCollections
+	m["owned_reclaimed_bytes"] = &d.OwnedReclaimedBytes
+	m["asleep_bytes"] = &d.AsleepBytes
+	m["host_backup_bytes"] = &d.HostBackupBytes
 	return m
 }
 
 func TestFlattenEveryKeyReadsItsOwnField(t *testing.T) {
 	d := &DeviceStats{}
 	ptrs := flatKeyPointers(d)
-	require.Len(t, ptrs, 126)
-	require.Equal(t, 126, NumFlatKeys)
+	require.Len(t, ptrs, 136)
+	require.Equal(t, 136, NumFlatKeys)
 
 	// Give every field a distinct value so that a key reading the wrong
 	// field cannot pass.
