@@ -341,6 +341,13 @@ func traceSeedEvents(tb testing.TB) [][]trace.Event {
 			{Kind: trace.Mark, ID: 2, TimeNs: math.MinInt64},
 			{Kind: trace.Free, ID: 9, Size: math.MaxUint64, Stream: math.MaxUint64},
 		},
+		{ // private pools: a CUDA graph's (1, 0), a MemPool's (0, 2)
+			{Kind: trace.Alloc, ID: 1, Size: 4096, TimeNs: 1, Pool: trace.PoolID{1, 0}},
+			{Kind: trace.Alloc, ID: 2, Size: 512, Stream: 1, TimeNs: 2},
+			{Kind: trace.Alloc, ID: 3, Size: 1 << 30, Stream: 1, TimeNs: 3, Pool: trace.PoolID{0, 2}},
+			{Kind: trace.Free, ID: 1, TimeNs: 4},
+			{Kind: trace.EmptyCache, Pool: trace.PoolID{math.MaxUint64, math.MaxUint64}},
+		},
 		nil,
 	}
 	for _, data := range readerRealFiles(tb, 3) {
@@ -561,7 +568,10 @@ func FuzzTextTrace(f *testing.F) {
 	}
 	f.Add([]byte(trace.TextHeader + "\r\n# name: a\r\n\n# comment\nalloc 1 8 # trailing\r\nfree 1 t=-3 s=2\nsync s=1\nempty_cache id=2 size=3\nmark 4\n"))
 	f.Add([]byte(trace.TextHeader + "\n# name: a\rb\nalloc 1 8\n"))
-	f.Add([]byte("# vmmalloc-trace v2\n"))
+	f.Add([]byte("# vmmalloc-trace v3\n"))
+	f.Add([]byte(trace.TextHeaderV1 + "\nalloc 1 8 s=1\nfree 1\n"))
+	f.Add([]byte(trace.TextHeaderV1 + "\nalloc 1 8 pool=1,0\n"))
+	f.Add([]byte(trace.TextHeader + "\nalloc 1 8 pool=1,0\nfree 1 pool=0,18446744073709551615\n"))
 	f.Fuzz(func(t *testing.T, data []byte) {
 		var err error
 		n := readerAllocated(func() {

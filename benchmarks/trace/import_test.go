@@ -5,7 +5,6 @@ import (
 	"errors"
 	"math"
 	"os"
-	"path/filepath"
 	"strings"
 	"testing"
 
@@ -138,19 +137,6 @@ func TestImportPyTorchErrors(t *testing.T) {
 	}
 }
 
-func sharedTrace(t testing.TB, name string) string {
-	t.Helper()
-	dir, err := SharedDir()
-	if err != nil {
-		t.Skipf("trace %s not available: %v", name, err)
-	}
-	p := filepath.Join(dir, name)
-	if _, err := os.Stat(p); err != nil {
-		t.Skipf("trace %s not available: %v", name, err)
-	}
-	return p
-}
-
 // roundGB rounds bytes to GB (1e9) with two decimals, as the traces README
 // reports them.
 func roundGB(b uint64) float64 { return math.Round(float64(b)/1e7) / 100 }
@@ -169,7 +155,11 @@ func TestImportRealSnapshots(t *testing.T) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.file, func(t *testing.T) {
-			f, err := os.Open(sharedTrace(t, tc.file))
+			p, err := SharedFile(tc.file)
+			if err != nil {
+				t.Skip(err)
+			}
+			f, err := os.Open(p)
 			require.NoError(t, err)
 			defer f.Close()
 			tr, err := ImportPyTorchSnapshot(f, 0)
