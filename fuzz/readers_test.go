@@ -287,6 +287,10 @@ func generatedSnapshot() []byte {
 		return map[string]any{"action": action, "addr": addr, "size": size, "stream": stream,
 			"time_us": t, "frames": []any{map[string]any{"filename": "train.py", "line": int64(7), "name": "step"}}}
 	}
+	withPool := func(e any, a, b int64) any {
+		e.(map[string]any)["pool_id"] = []any{a, b}
+		return e
+	}
 	return encodePickle(map[string]any{
 		"device_traces": []any{[]any{
 			entry("segment_alloc", 1<<20, 2<<20, 0, 1),
@@ -299,9 +303,14 @@ func generatedSnapshot() []byte {
 			entry("segment_map", 8<<20, 2<<20, 0, 8),
 			entry("segment_unmap", 8<<20, 2<<20, 0, 9),
 			entry("segment_free", 1<<20, 2<<20, 0, 10),
+			entry("alloc", 64<<20, 4096, 0, 11),                     // in the graph pool's segment below
+			withPool(entry("alloc", 64<<20+4096, 512, 0, 12), 1, 0), // the entry names its pool
+			entry("segment_unmap", 66<<20, 2<<20, 0, 13),
 		}},
 		"segments": []any{map[string]any{"device": int64(0), "total_size": int64(2 << 20),
-			"allocated_size": int64(4096), "blocks": []any{}}},
+			"allocated_size": int64(4096), "blocks": []any{}},
+			map[string]any{"device": int64(0), "address": int64(64 << 20), "total_size": int64(4 << 20),
+				"allocated_size": int64(4608), "blocks": []any{}, "segment_pool_id": []any{int64(1), int64(0)}}},
 		"allocator_settings": map[string]any{"expandable_segments": false},
 	})
 }
@@ -471,6 +480,20 @@ func FuzzPyTorchSnapshot(f *testing.F) {
 		}
 		if got := tr.Allocs + tr.Frees + tr.DuplicateAllocs + tr.Releases; got != len(tr.Events) {
 			t.Fatalf("%d events, counts say %d", len(tr.Events), got)
+		}
+		private := map[trace.PoolID]int{}
+		for _, e := range tr.Events {
+			if !e.Pool.IsDefault() {
+				private[e.Pool]++
+			}
+		}
+		if len(private) != len(tr.PoolAllocs) || tr.AllocPoolIDs > tr.Allocs {
+			t.Fatalf("pools of the events %v, counted %v (%d allocs, %d with pool_id)", private, tr.PoolAllocs, tr.Allocs, tr.AllocPoolIDs)
+		}
+		for p, n := range private {
+			if tr.PoolAllocs[p] != n {
+				t.Fatalf("pool %v: %d alloc events, counted %d", p, n, tr.PoolAllocs[p])
+			}
 		}
 		s, err := trace.Summarize(tr.Reader())
 		if err != nil {
