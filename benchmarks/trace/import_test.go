@@ -5,6 +5,7 @@ import (
 	"errors"
 	"math"
 	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 
@@ -558,5 +559,54 @@ func TestImportPyTorchPoolsLinear(t *testing.T) {
 	assert.Equal(t, PoolID{1, 0}, tr.Events[1].Pool)
 	for _, s := range tr.private {
 		assert.Equal(t, nrel-1, s.validFrom)
+	}
+}
+
+// TestRealSnapshotPools reads every shared snapshot (policy/ included),
+// every device: the pools the importer gives the allocs agree with what
+// the file records (no private pool is invented), and the snapshots known
+// today record none: all their segments have segment_pool_id (0, 0) and
+// their entries no pool_id, so they replay in the default pool alone.
+func TestRealSnapshotPools(t *testing.T) {
+	if testing.Short() || raceEnabled {
+		t.Skip("reads every shared trace: skipped with -short and under -race")
+	}
+	dir, err := SharedDir()
+	if err != nil {
+		t.Skip(err)
+	}
+	files, _ := filepath.Glob(filepath.Join(dir, "*.pickle"))
+	policy, _ := filepath.Glob(filepath.Join(dir, "policy", "*.pickle"))
+	files = append(files, policy...)
+	if len(files) == 0 {
+		t.Skipf("no snapshots in %s", dir)
+	}
+	known := map[string]bool{ // the shared snapshots of issue 17's time, none with a private pool
+		"cs336_ctx128_forward.pickle": true, "cs336_ctx128_fullstep.pickle": true,
+		"cs336_gpt2small_compiled_train.pickle": true, "cs336_medium_ctx1024_train.pickle": true,
+		"cs336_small_forward_bf16.pickle": true, "llama7b_offload_4streams.pickle": true,
+		"opt125m_zeroth_order_finetune.pickle": true, "tts_inference_server.pickle": true,
+		"cs336_ctx512_fullstep.pickle": true, "cs336_xl_forward_bf16.pickle": true,
+		"gcn_3gpu_expandable_oom.pickle": true,
+	}
+	for _, f := range files {
+		data, err := os.ReadFile(f)
+		require.NoError(t, err)
+		for dev := 0; ; dev++ {
+			tr, err := ImportPyTorchSnapshot(bytes.NewReader(data), dev)
+			if errors.Is(err, ErrSnapshot) && strings.Contains(err.Error(), "not in snapshot") {
+				break
+			}
+			require.NoError(t, err, "%s device %d", f, dev)
+			t.Logf("%s cuda:%d: %d segments, %d in private pools; %d allocs, %d with pool_id; private-pool allocs %v",
+				filepath.Base(f), dev, tr.SnapshotSegments, tr.PrivateSegments, tr.Allocs, tr.AllocPoolIDs, tr.PoolAllocs)
+			if tr.PrivateSegments == 0 && tr.AllocPoolIDs == 0 {
+				assert.Nil(t, tr.PoolAllocs, "%s: a pool the file does not record", f)
+			}
+			if known[filepath.Base(f)] {
+				assert.Zero(t, tr.PrivateSegments, f)
+				assert.Zero(t, tr.AllocPoolIDs, f)
+			}
+		}
 	}
 }
