@@ -73,6 +73,9 @@ type poolSet struct {
 	lastID  trace.PoolID            // the private pool looked up last
 	lastIdx uint32                  // its index
 	opened  bool                    // a private allocator Pool was made
+	// open lists the recs whose allocator Pool is open, oldest first (at
+	// most the allocator's 64), so that making room looks at those only.
+	open []uint32
 }
 
 func newPoolSet(a *allocator.Allocator) *poolSet {
@@ -110,16 +113,17 @@ func (ps *poolSet) private() bool { return len(ps.recs) > 1 }
 func (ps *poolSet) malloc(i uint32, size uint64, st backend.Stream) (uintptr, error) {
 	rec := ps.recs[i]
 	if rec.pool == nil {
-		if err := ps.open(rec); err != nil {
+		if err := ps.openPool(i); err != nil {
 			return 0, err
 		}
 	}
 	return rec.pool.Malloc(size, st)
 }
 
-// open makes rec's allocator Pool, closing an empty pool first when the
-// allocator holds as many as it can.
-func (ps *poolSet) open(rec *poolRec) error {
+// openPool makes the allocator Pool of recs[i], closing an empty pool
+// first when the allocator holds as many as it can.
+func (ps *poolSet) openPool(i uint32) error {
+	rec := ps.recs[i]
 	o := allocator.PoolOptions{ID: allocator.PoolID(rec.id)}
 	p, err := ps.a.NewPool(o)
 	if err != nil && errors.Is(err, allocator.ErrInvalidConfig) && ps.closeEmpty() {
@@ -136,14 +140,16 @@ func (ps *poolSet) open(rec *poolRec) error {
 	}
 	rec.rep.Pool = p.Name()
 	rec.pool, ps.opened = p, true
+	ps.open = append(ps.open, i)
 	return nil
 }
 
-// closeEmpty closes one open private pool without live allocations,
-// keeping its figures, and reports whether it found one.
+// closeEmpty closes the oldest open private pool without live
+// allocations, keeping its figures, and reports whether it found one.
 func (ps *poolSet) closeEmpty() bool {
-	for _, rec := range ps.recs[1:] {
-		if rec.pool == nil || rec.liveAllocs != 0 {
+	for k, i := range ps.open {
+		rec := ps.recs[i]
+		if rec.liveAllocs != 0 {
 			continue
 		}
 		st := rec.pool.Stats()
@@ -152,6 +158,7 @@ func (ps *poolSet) closeEmpty() bool {
 		}
 		rec.keepPeaks(&st)
 		rec.pool = nil
+		ps.open = slices.Delete(ps.open, k, k+1)
 		return true
 	}
 	return false

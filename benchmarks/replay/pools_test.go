@@ -223,3 +223,29 @@ func TestReplayPoolsSnapshotRoundTrip(t *testing.T) {
 	}
 
 }
+
+// TestReplayPoolsHostile: a trace naming thousands of pools, one at a
+// time, replays with at most 64 open (each a few allocator calls), and one
+// naming pools only through zero-byte allocations opens none.
+func TestReplayPoolsHostile(t *testing.T) {
+	const n = 2000
+	ev := make([]trace.Event, 0, 2*n)
+	for i := range uint64(n) {
+		ev = append(ev, allocIn(trace.PoolID{i + 1, 0}, i+1, 4096, 0), free(i+1))
+	}
+	rep, err := Run(sliceOf(ev), Options{MaxSamples: -1, Check: true})
+	require.NoError(t, err)
+	require.Len(t, rep.Pools, n+1)
+	assert.Equal(t, "pool(2000,0)", rep.Pools[n].Pool)
+	assert.Equal(t, uint64(4096), rep.Pools[n].PeakLive)
+
+	ev = ev[:0]
+	for i := range uint64(n) {
+		ev = append(ev, allocIn(trace.PoolID{0, i + 1}, i+1, 0, 0))
+	}
+	rep, err = Run(sliceOf(ev), Options{MaxSamples: -1})
+	require.NoError(t, err)
+	require.Len(t, rep.Pools, n+1)
+	assert.Equal(t, int64(n), rep.ZeroAllocs)
+	assert.Zero(t, rep.DriverCallsTotal-rep.DriverCalls["MemGetAllocationGranularity"], "no pool was made")
+}
