@@ -51,7 +51,8 @@
 //	   │                   └──RecordStream──▶ live
 //	   └──Alloc OOM──▶ failed ──Free──▶ unseen
 //
-// The replay loop makes no Go heap allocation per event: dense ids (those
+// The replay loop makes no Go heap allocation per event (beyond the first
+// event of each private pool, which makes its record): dense ids (those
 // of every generator and importer: 1, 2, 3, …) index a slice of slots
 // that doubles as ids reach its end, ids far beyond it go to a map, and
 // the last stream looked up is cached. The allocator's allocated and
