@@ -122,6 +122,10 @@
 // count (rather than fail on) frees they cannot match, as happens when
 // recording started mid-run. The PyTorch importer also turns each run of
 // segment_free/segment_unmap entries (PyTorch releasing its cache) into an
-// EmptyCache event, and says whether the file lets PyTorch's reserved peak
-// be known (PyTorchTrace.PeakReservedKnown).
+// EmptyCache event, says whether the file lets PyTorch's reserved peak
+// be known (PyTorchTrace.PeakReservedKnown), and puts each alloc in its
+// pool: the entry's pool_id where newer PyTorch writes one, else the
+// segment_pool_id of the snapshot segment that held its address
+// (pytorchpools.go). RMM logs have no pools: every alloc is in the
+// default pool.
 package trace
