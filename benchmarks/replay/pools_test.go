@@ -68,6 +68,11 @@ func TestReplayPools(t *testing.T) {
 
 			assert.Equal(t, [3]int64{2, 3, 1}, [3]int64{def.Allocs, graph.Allocs, mem.Allocs})
 			assert.Equal(t, [3]uint64{16 * mib, 34 * mib, 1 * mib}, [3]uint64{def.PeakLive, graph.PeakLive, mem.PeakLive})
+			sum, err := trace.Summarize(sliceOf(graphCaptureTrace())) // the reference
+			require.NoError(t, err)
+			for _, p := range rep.Pools {
+				assert.Equal(t, sum.PoolPeakLive[p.ID], p.PeakLive, p.Pool)
+			}
 			// MiB multiples round to themselves: each pool allocated exactly
 			// its live bytes at its peak.
 			for _, p := range rep.Pools {
@@ -174,6 +179,11 @@ func TestReplayManyPools(t *testing.T) {
 		reopened += p.Reopened
 	}
 	assert.Positive(t, reopened)
+	sum, err := trace.Summarize(sliceOf(ev))
+	require.NoError(t, err)
+	for _, p := range rep.Pools {
+		assert.Equal(t, sum.PoolPeakLive[p.ID], p.PeakLive, p.Pool)
+	}
 
 	var held []trace.Event
 	for i := range 65 {
