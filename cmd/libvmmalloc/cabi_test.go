@@ -153,3 +153,22 @@ print(len(s["segments"]), [len(t) for t in s["device_traces"]], sorted(s))`, sna
 		})
 	}
 }
+
+func TestPythonCtypes(t *testing.T) {
+	lib, cc := buildLibrary(t)
+	py, err := exec.LookPath("python3")
+	if err != nil {
+		t.Skip("no python3 to load libvmmalloc.so with ctypes")
+	}
+	dbl := double(t, cc, "cuda")
+	snap := filepath.Join(t.TempDir(), "snapshot.pickle")
+	cmd := exec.Command(py, filepath.Join("testdata", "ctypes_check.py"), lib, snap)
+	cmd.Env = env(lib, dbl, "cuda")
+	var stdout, stderr bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	err = cmd.Run()
+	t.Logf("%s", stdout.String())
+	require.NoError(t, err, "stdout:\n%s\nstderr:\n%s", stdout.String(), stderr.String())
+	require.True(t, strings.HasSuffix(stdout.String(), "PASS\n"))
+	assert.Contains(t, stderr.String(), "vmmalloc: alloc(4096, device 5): vmmalloc: invalid device")
+}
