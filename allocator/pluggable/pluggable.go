@@ -118,8 +118,9 @@ type device struct {
 	ord int
 	a   *allocator.Allocator
 	// streams maps a caller's stream handle to the driver's
-	// backend.Stream for it (uintptr → backend.Stream).
-	streams sync.Map
+	// backend.Stream for it. Copied on write under Library.mu, so the hot
+	// path reads it with one atomic load, no lock and no allocation.
+	streams atomic.Pointer[map[uintptr]backend.Stream]
 	// pools are the private pools by ID; Library.mu.
 	pools map[allocator.PoolID]*allocator.Pool
 }
@@ -262,8 +263,10 @@ func (l *Library) made() []*device {
 
 // stream returns the driver's stream for the caller's handle s on d.
 func (l *Library) stream(d *device, s uintptr) (backend.Stream, error) {
-	if v, ok := d.streams.Load(s); ok {
-		return v.(backend.Stream), nil
+	if m := d.streams.Load(); m != nil {
+		if bs, ok := (*m)[s]; ok {
+			return bs, nil
+		}
 	}
 	st := l.ready.Load()
 	if st.adopt == nil {
@@ -279,7 +282,15 @@ func (l *Library) stream(d *device, s uintptr) (backend.Stream, error) {
 			return 0, fmt.Errorf("%w: device %d: %w", allocator.ErrInvalidStream, d.ord, err)
 		}
 	}
-	d.streams.Store(s, bs)
+	l.mu.Lock()
+	m := map[uintptr]backend.Stream{s: bs}
+	if old := d.streams.Load(); old != nil {
+		for k, v := range *old {
+			m[k] = v
+		}
+	}
+	d.streams.Store(&m)
+	l.mu.Unlock()
 	return bs, nil
 }
 

@@ -302,3 +302,29 @@ func TestUnavailableDriver(t *testing.T) {
 	require.ErrorIs(t, l.Init(1), pluggable.ErrUnavailable)
 	require.NoError(t, l.Close())
 }
+
+// BenchmarkAllocFree is the cache hit through the Library: what a C call
+// of vmmalloc_alloc and vmmalloc_free costs before the cgo boundary
+// (cmd/libvmmalloc's replay test measures the boundary itself).
+func BenchmarkAllocFree(b *testing.B) {
+	e, err := emulated.New()
+	require.NoError(b, err)
+	l := pluggable.New(pluggable.Options{Driver: e, Log: io.Discard})
+	defer l.Close()
+	s, err := e.StreamCreate(0)
+	require.NoError(b, err)
+	p, err := l.Alloc(4096, 0, uintptr(s), allocator.PoolID{})
+	require.NoError(b, err)
+	require.NoError(b, l.Free(p, 0))
+	b.ReportAllocs()
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		p, err := l.Alloc(4096, 0, uintptr(s), allocator.PoolID{})
+		if err != nil {
+			b.Fatal(err)
+		}
+		if err := l.Free(p, 0); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
