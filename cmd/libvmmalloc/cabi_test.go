@@ -172,3 +172,11 @@ func TestPythonCtypes(t *testing.T) {
 	require.True(t, strings.HasSuffix(stdout.String(), "PASS\n"))
 	assert.Contains(t, stderr.String(), "vmmalloc: alloc(4096, device 5): vmmalloc: invalid device")
 }
+
+func TestMain(m *testing.M) {
+	code := m.Run()
+	if built.dir != "" {
+		_ = os.RemoveAll(built.dir)
+	}
+	os.Exit(code)
+}

@@ -56,6 +56,7 @@ package main
 import "C"
 
 import (
+	"errors"
 	"fmt"
 	"sync"
 	"unsafe"
@@ -103,117 +104,112 @@ func setError(msg string) {
 	fallbackMu.Unlock()
 }
 
-// recovered turns a panic of the calling export into a last error and
-// reports whether there was one. Call as: defer func() { if recovered(recover(), name) { rc = -1 } }().
-func recovered(r any, name string) bool {
-	if r == nil {
-		return false
+// catch, deferred by every entry point, turns a panic into a last error
+// and calls fail to set the entry point's error return: nothing unwinds
+// into the C caller.
+func catch(name string, fail func()) {
+	if r := recover(); r != nil {
+		setError(fmt.Sprintf("%s: internal error (recovered panic): %v", name, r))
+		fail()
 	}
-	setError(fmt.Sprintf("%s: internal error (recovered panic): %v", name, r))
-	return true
 }
 
-func rc(err error) C.int {
+func rc(err error) int {
 	if err != nil {
 		return -1
 	}
 	return 0
 }
 
-//export vmmgo_alloc
-func vmmgo_alloc(size C.size_t, dev C.int, stream C.uintptr_t, id0, id1 C.uint64_t) (p C.uintptr_t) {
-	defer func() {
-		if recovered(recover(), "vmmalloc_alloc") {
-			p = 0
-		}
-	}()
+// The entry points in Go types, each guarded by catch; the exports below
+// only convert C types, which cannot panic.
+
+func alloc(size uint64, dev int, stream uintptr, id allocator.PoolID) (p uintptr) {
+	defer catch("vmmalloc_alloc", func() { p = 0 })
 	l := library()
 	if l == nil {
 		return 0
 	}
-	ptr, err := l.Alloc(uint64(size), int(dev), uintptr(stream), allocator.PoolID{uint64(id0), uint64(id1)})
-	if err != nil {
-		return 0
+	p, _ = l.Alloc(size, dev, stream, id)
+	return p
+}
+
+func free(ptr uintptr, dev int) {
+	defer catch("vmmalloc_free", func() {})
+	if l := library(); l != nil {
+		_ = l.Free(ptr, dev)
 	}
-	return C.uintptr_t(ptr)
+}
+
+// call runs f on the Library, guarded, and returns 0 or -1.
+func call(name string, f func(l *pluggable.Library) error) (r int) {
+	defer catch(name, func() { r = -1 })
+	l := library()
+	if l == nil {
+		return -1
+	}
+	return rc(f(l))
+}
+
+func statsJSON(dev int) (b []byte) {
+	defer catch("vmmalloc_stats_json", func() { b = nil })
+	l := library()
+	if l == nil {
+		return nil
+	}
+	b, _ = l.StatsJSON(dev)
+	return b
+}
+
+func lastError() (msg string) {
+	defer catch("vmmalloc_last_error", func() { msg = "vmmalloc_last_error: internal error" })
+	if l := library(); l != nil {
+		return l.LastError()
+	}
+	fallbackMu.Lock()
+	defer fallbackMu.Unlock()
+	return fallback
+}
+
+func pool(id0, id1 C.uint64_t) allocator.PoolID { return allocator.PoolID{uint64(id0), uint64(id1)} }
+
+//export vmmgo_alloc
+func vmmgo_alloc(size C.size_t, dev C.int, stream C.uintptr_t, id0, id1 C.uint64_t) C.uintptr_t {
+	return C.uintptr_t(alloc(uint64(size), int(dev), uintptr(stream), pool(id0, id1)))
 }
 
 //export vmmgo_free
-func vmmgo_free(ptr C.uintptr_t, dev C.int) {
-	defer func() { recovered(recover(), "vmmalloc_free") }()
-	if l := library(); l != nil {
-		_ = l.Free(uintptr(ptr), int(dev))
-	}
-}
+func vmmgo_free(ptr C.uintptr_t, dev C.int) { free(uintptr(ptr), int(dev)) }
 
 //export vmmgo_init
-func vmmgo_init(n C.int) (r C.int) {
-	defer func() {
-		if recovered(recover(), "vmmalloc_init") {
-			r = -1
-		}
-	}()
-	l := library()
-	if l == nil {
-		return -1
-	}
-	return rc(l.Init(int(n)))
+func vmmgo_init(n C.int) C.int {
+	return C.int(call("vmmalloc_init", func(l *pluggable.Library) error { return l.Init(int(n)) }))
 }
 
 //export vmmgo_empty_cache
-func vmmgo_empty_cache(dev C.int) (r C.int) {
-	defer func() {
-		if recovered(recover(), "vmmalloc_empty_cache") {
-			r = -1
-		}
-	}()
-	l := library()
-	if l == nil {
-		return -1
-	}
-	return rc(l.EmptyCache(int(dev)))
+func vmmgo_empty_cache(dev C.int) C.int {
+	return C.int(call("vmmalloc_empty_cache", func(l *pluggable.Library) error { return l.EmptyCache(int(dev)) }))
 }
 
 //export vmmgo_set_memory_fraction
-func vmmgo_set_memory_fraction(f C.double, dev C.int) (r C.int) {
-	defer func() {
-		if recovered(recover(), "vmmalloc_set_memory_fraction") {
-			r = -1
-		}
-	}()
-	l := library()
-	if l == nil {
-		return -1
-	}
-	return rc(l.SetMemoryFraction(float64(f), int(dev)))
+func vmmgo_set_memory_fraction(f C.double, dev C.int) C.int {
+	return C.int(call("vmmalloc_set_memory_fraction", func(l *pluggable.Library) error {
+		return l.SetMemoryFraction(float64(f), int(dev))
+	}))
 }
 
 //export vmmgo_record_stream
-func vmmgo_record_stream(ptr, stream C.uintptr_t) (r C.int) {
-	defer func() {
-		if recovered(recover(), "vmmalloc_record_stream") {
-			r = -1
-		}
-	}()
-	l := library()
-	if l == nil {
-		return -1
-	}
-	return rc(l.RecordStream(uintptr(ptr), uintptr(stream)))
+func vmmgo_record_stream(ptr, stream C.uintptr_t) C.int {
+	return C.int(call("vmmalloc_record_stream", func(l *pluggable.Library) error {
+		return l.RecordStream(uintptr(ptr), uintptr(stream))
+	}))
 }
 
 //export vmmgo_begin_pool
-func vmmgo_begin_pool(dev C.int, id0, id1 C.uint64_t) (r C.int) {
-	defer func() {
-		if recovered(recover(), "vmmalloc_begin_allocate_to_pool") {
-			r = -1
-		}
-	}()
-	l := library()
-	if l == nil {
-		return -1
-	}
-	return rc(l.BeginPool(int(dev), allocator.PoolID{uint64(id0), uint64(id1)}))
+func vmmgo_begin_pool(dev C.int, id0, id1 C.uint64_t) C.int {
+	return C.int(call("vmmalloc_begin_allocate_to_pool", func(l *pluggable.Library) error {
+		return l.BeginPool(int(dev), pool(id0, id1))
+	}))
 }
 
 // vmmgo_set_error records the failures shim.c detects: why 1, too many
@@ -222,142 +218,96 @@ func vmmgo_begin_pool(dev C.int, id0, id1 C.uint64_t) (r C.int) {
 //
 //export vmmgo_set_error
 func vmmgo_set_error(dev C.int, id0, id1 C.uint64_t, why C.int) {
-	defer func() { recovered(recover(), "vmmalloc pool scope") }()
-	if library() == nil {
-		return
-	}
-	switch why {
-	case 1:
-		setError(fmt.Sprintf("begin_allocate_to_pool(device %d, pool (%d, %d)): %v: more than 16 nested pool scopes on this thread", dev, id0, id1, allocator.ErrInvalidPool))
-	default:
-		setError(fmt.Sprintf("end_allocate_to_pool(device %d, pool (%d, %d)): %v: not this thread's innermost pool scope on the device", dev, id0, id1, allocator.ErrInvalidPool))
-	}
+	call("vmmalloc pool scope", func(*pluggable.Library) error {
+		if why == 1 {
+			setError(fmt.Sprintf("begin_allocate_to_pool(device %d, pool (%d, %d)): %v: more than 16 nested pool scopes on this thread", dev, id0, id1, allocator.ErrInvalidPool))
+		} else {
+			setError(fmt.Sprintf("end_allocate_to_pool(device %d, pool (%d, %d)): %v: not this thread's innermost pool scope on the device", dev, id0, id1, allocator.ErrInvalidPool))
+		}
+		return nil
+	})
 }
 
 //export vmmgo_release_pool
-func vmmgo_release_pool(dev C.int, id0, id1 C.uint64_t) (r C.int) {
-	defer func() {
-		if recovered(recover(), "vmmalloc_release_pool") {
-			r = -1
-		}
-	}()
-	l := library()
-	if l == nil {
-		return -1
-	}
-	return rc(l.ReleasePool(int(dev), allocator.PoolID{uint64(id0), uint64(id1)}))
+func vmmgo_release_pool(dev C.int, id0, id1 C.uint64_t) C.int {
+	return C.int(call("vmmalloc_release_pool", func(l *pluggable.Library) error {
+		return l.ReleasePool(int(dev), pool(id0, id1))
+	}))
 }
 
+// errBadMode is vmmalloc_sleep's error for a mode that is not one.
+var errBadMode = errors.New("want VMMALLOC_DISCARD (0) or VMMALLOC_OFFLOAD (1)")
+
 //export vmmgo_sleep
-func vmmgo_sleep(dev C.int, id0, id1 C.uint64_t, mode, keep C.int) (r C.int) {
-	defer func() {
-		if recovered(recover(), "vmmalloc_sleep") {
-			r = -1
+func vmmgo_sleep(dev C.int, id0, id1 C.uint64_t, mode, keep C.int) C.int {
+	return C.int(call("vmmalloc_sleep", func(l *pluggable.Library) error {
+		if mode != 0 && mode != 1 {
+			err := fmt.Errorf("sleep(device %d, pool (%d, %d)): mode %d: %w", dev, id0, id1, mode, errBadMode)
+			l.SetLastError(err.Error())
+			return err
 		}
-	}()
-	l := library()
-	if l == nil {
-		return -1
-	}
-	if mode != 0 && mode != 1 {
-		setError(fmt.Sprintf("sleep(device %d, pool (%d, %d)): mode %d: want VMMALLOC_DISCARD (0) or VMMALLOC_OFFLOAD (1)", dev, id0, id1, mode))
-		return -1
-	}
-	return rc(l.SleepPool(int(dev), allocator.PoolID{uint64(id0), uint64(id1)}, mode == 1, keep != 0))
+		return l.SleepPool(int(dev), pool(id0, id1), mode == 1, keep != 0)
+	}))
 }
 
 //export vmmgo_wake
-func vmmgo_wake(dev C.int, id0, id1 C.uint64_t) (r C.int) {
-	defer func() {
-		if recovered(recover(), "vmmalloc_wake") {
-			r = -1
-		}
-	}()
-	l := library()
-	if l == nil {
-		return -1
-	}
-	return rc(l.WakePool(int(dev), allocator.PoolID{uint64(id0), uint64(id1)}))
+func vmmgo_wake(dev C.int, id0, id1 C.uint64_t) C.int {
+	return C.int(call("vmmalloc_wake", func(l *pluggable.Library) error { return l.WakePool(int(dev), pool(id0, id1)) }))
 }
+
+// errTooManyEntries is vmmalloc_record_history's error for a count beyond
+// what the history holds.
+var errTooManyEntries = errors.New("too many history entries")
 
 //export vmmgo_record_history
-func vmmgo_record_history(dev C.int, n C.size_t) (r C.int) {
-	defer func() {
-		if recovered(recover(), "vmmalloc_record_history") {
-			r = -1
+func vmmgo_record_history(dev C.int, n C.size_t) C.int {
+	return C.int(call("vmmalloc_record_history", func(l *pluggable.Library) error {
+		if uint64(n) > 1<<31 {
+			err := fmt.Errorf("record_history(device %d, %d): %w", dev, uint64(n), errTooManyEntries)
+			l.SetLastError(err.Error())
+			return err
 		}
-	}()
-	l := library()
-	if l == nil {
-		return -1
-	}
-	if uint64(n) > 1<<31 {
-		setError(fmt.Sprintf("record_history(device %d, %d): too many entries", dev, uint64(n)))
-		return -1
-	}
-	return rc(l.RecordHistory(int(dev), int(n)))
+		return l.RecordHistory(int(dev), int(n))
+	}))
 }
 
+// errNilPath is vmmalloc_snapshot's error for a NULL path.
+var errNilPath = errors.New("snapshot: NULL path")
+
 //export vmmgo_snapshot
-func vmmgo_snapshot(path *C.char) (r C.int) {
-	defer func() {
-		if recovered(recover(), "vmmalloc_snapshot") {
-			r = -1
-		}
-	}()
-	l := library()
-	if l == nil {
-		return -1
-	}
+func vmmgo_snapshot(path *C.char) C.int {
 	if path == nil {
-		setError("snapshot: NULL path")
-		return -1
+		return C.int(call("vmmalloc_snapshot", func(l *pluggable.Library) error {
+			l.SetLastError(errNilPath.Error())
+			return errNilPath
+		}))
 	}
-	return rc(l.WriteSnapshot(C.GoString(path)))
+	p := C.GoString(path)
+	return C.int(call("vmmalloc_snapshot", func(l *pluggable.Library) error { return l.WriteSnapshot(p) }))
 }
 
 //export vmmgo_stats_json
-func vmmgo_stats_json(dev C.int, buf *C.char, n C.size_t) (r C.size_t) {
-	defer func() {
-		if recovered(recover(), "vmmalloc_stats_json") {
-			r = 0
-		}
-	}()
-	l := library()
-	if l == nil {
-		return 0
-	}
-	b, err := l.StatsJSON(int(dev))
-	if err != nil {
+func vmmgo_stats_json(dev C.int, buf *C.char, n C.size_t) C.size_t {
+	b := statsJSON(int(dev))
+	if b == nil {
 		return 0
 	}
 	return copyOut(b, buf, n)
 }
 
 //export vmmgo_last_error
-func vmmgo_last_error(buf *C.char, n C.size_t) (r C.size_t) {
-	defer func() {
-		if recovered(recover(), "vmmalloc_last_error") {
-			r = 0
-		}
-	}()
-	var msg string
-	if l := library(); l != nil {
-		msg = l.LastError()
-	} else {
-		fallbackMu.Lock()
-		msg = fallback
-		fallbackMu.Unlock()
-	}
-	return copyOut([]byte(msg), buf, n)
+func vmmgo_last_error(buf *C.char, n C.size_t) C.size_t {
+	return copyOut([]byte(lastError()), buf, n)
 }
 
 // copyOut writes b and a NUL into the caller's buffer of n bytes, as much
 // as fits (snprintf's contract), and returns len(b).
+// It touches no byte past the NUL, so any len up to SIZE_MAX is safe.
 func copyOut(b []byte, buf *C.char, n C.size_t) C.size_t {
 	if buf != nil && n > 0 {
-		dst := unsafe.Slice((*byte)(unsafe.Pointer(buf)), int(n))
-		k := copy(dst[:n-1], b)
+		m := min(uint64(n), uint64(len(b))+1) // bytes written, NUL included
+		dst := unsafe.Slice((*byte)(unsafe.Pointer(buf)), int(m))
+		k := copy(dst[:m-1], b)
 		dst[k] = 0
 	}
 	return C.size_t(len(b))
