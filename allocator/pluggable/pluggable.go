@@ -29,6 +29,16 @@
 // Every method is safe for concurrent use, and none panics on bad input:
 // a bad device, pointer, stream or pool is an error that changes nothing,
 // and is logged.
+//
+// # Limits
+//
+// Free ignores the size and stream PyTorch passes back (the allocator
+// knows the allocation's). An adopted stream stays adopted: one the
+// framework destroys, and whose handle the driver reuses for a new stream
+// of the same device, is taken for the new one; PyTorch's streams come from
+// pools it never destroys. On ACL the NULL stream is served by the
+// allocator's own default stream (ACL has no handle that names a device's
+// default stream; torch_npu's default stream is a created one).
 package pluggable
 
 import (
