@@ -18,7 +18,7 @@ func Example() {
 	defer l.Close()
 
 	p, _ := l.Alloc(3<<20, 1, 0, allocator.PoolID{}) // device 1, default stream
-	if err := l.Free(p, 0); err != nil {               // the wrong device: refused
+	if err := l.Free(p, 0); err != nil {             // the wrong device: refused
 		fmt.Println("refused:", err != nil)
 	}
 	_ = l.Free(p, 1)
