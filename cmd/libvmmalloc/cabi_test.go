@@ -171,6 +171,22 @@ func TestPythonCtypes(t *testing.T) {
 	require.NoError(t, err, "stdout:\n%s\nstderr:\n%s", stdout.String(), stderr.String())
 	require.True(t, strings.HasSuffix(stdout.String(), "PASS\n"))
 	assert.Contains(t, stderr.String(), "vmmalloc: alloc(4096, device 5): vmmalloc: invalid device")
+
+	// A bad VMMALLOC_CONF: every call fails, saying why.
+	cmd = exec.Command(py, "-c", `import ctypes, sys
+lib = ctypes.CDLL(sys.argv[1] + "/libvmmalloc.so")
+lib.vmmalloc_alloc.restype = ctypes.c_void_p
+assert lib.vmmalloc_alloc(ctypes.c_size_t(4096), 0, None) is None
+assert lib.vmmalloc_empty_cache(-1) == -1
+buf = ctypes.create_string_buffer(512)
+lib.vmmalloc_last_error(buf, ctypes.c_size_t(512))
+print(buf.value.decode())`, lib)
+	cmd.Env = append(env(lib, dbl, "cuda"), "VMMALLOC_CONF=backend:cuda,no_such_key:1")
+	out, err := cmd.CombinedOutput()
+	require.NoError(t, err, "%s", out)
+	assert.Contains(t, string(out), "VMMALLOC_CONF: vmmalloc: invalid config")
+	assert.Contains(t, string(out), "no_such_key")
+	assert.Contains(t, string(out), "vmmalloc: VMMALLOC_CONF: ", "logged on stderr too")
 }
 
 func TestMain(m *testing.M) {

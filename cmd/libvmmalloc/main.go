@@ -58,6 +58,7 @@ import "C"
 import (
 	"errors"
 	"fmt"
+	"os"
 	"sync"
 	"unsafe"
 
@@ -102,6 +103,7 @@ func setError(msg string) {
 	fallbackMu.Lock()
 	fallback = msg
 	fallbackMu.Unlock()
+	fmt.Fprintln(os.Stderr, "vmmalloc: "+msg)
 }
 
 // catch, deferred by every entry point, turns a panic into a last error
