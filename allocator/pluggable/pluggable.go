@@ -131,8 +131,9 @@ type device struct {
 	// backend.Stream for it. Copied on write under Library.mu, so the hot
 	// path reads it with one atomic load, no lock and no allocation.
 	streams atomic.Pointer[map[uintptr]backend.Stream]
-	// pools are the private pools by ID; Library.mu.
-	pools map[allocator.PoolID]*allocator.Pool
+	// pools are the private pools by ID. Copied on write under
+	// Library.mu, read with one atomic load (allocations from a pool).
+	pools atomic.Pointer[map[allocator.PoolID]*allocator.Pool]
 }
 
 // New returns a Library; it opens nothing until the first call that needs
@@ -251,7 +252,8 @@ func (l *Library) device(dev int) (*device, error) {
 			return nil, err
 		}
 	}
-	d := &device{ord: dev, a: a, pools: map[allocator.PoolID]*allocator.Pool{}}
+	d := &device{ord: dev, a: a}
+	d.pools.Store(&map[allocator.PoolID]*allocator.Pool{})
 	st.devs[dev].Store(d)
 	return d, nil
 }
@@ -304,13 +306,13 @@ func (l *Library) stream(d *device, s uintptr) (backend.Stream, error) {
 	return bs, nil
 }
 
-// pool returns d's pool id, making it if create. (0, 0) is the default
-// pool. Library.mu held.
+// poolLocked returns d's pool id, making it if create. (0, 0) is the
+// default pool. Library.mu held.
 func (l *Library) poolLocked(d *device, id allocator.PoolID, create bool) (*allocator.Pool, error) {
 	if id == (allocator.PoolID{}) {
 		return d.a.DefaultPool(), nil
 	}
-	if p, ok := d.pools[id]; ok {
+	if p, ok := (*d.pools.Load())[id]; ok {
 		return p, nil
 	}
 	if !create {
@@ -320,13 +322,34 @@ func (l *Library) poolLocked(d *device, id allocator.PoolID, create bool) (*allo
 	if err != nil {
 		return nil, err
 	}
-	d.pools[id] = p
+	d.setPool(id, p)
 	return p, nil
 }
 
+// setPool makes the pools map hold p under id (p nil: none). Library.mu
+// held.
+func (d *device) setPool(id allocator.PoolID, p *allocator.Pool) {
+	old := *d.pools.Load()
+	m := make(map[allocator.PoolID]*allocator.Pool, len(old)+1)
+	for k, v := range old {
+		m[k] = v
+	}
+	if p != nil {
+		m[id] = p
+	} else {
+		delete(m, id)
+	}
+	d.pools.Store(&m)
+}
+
+// pool returns d's pool id, making it if create; a known pool is found
+// without the lock.
 func (l *Library) pool(d *device, id allocator.PoolID, create bool) (*allocator.Pool, error) {
 	if id == (allocator.PoolID{}) {
 		return d.a.DefaultPool(), nil
+	}
+	if p, ok := (*d.pools.Load())[id]; ok {
+		return p, nil
 	}
 	l.mu.Lock()
 	defer l.mu.Unlock()
@@ -518,7 +541,7 @@ func (l *Library) ReleasePool(dev int, id allocator.PoolID) error {
 		var p *allocator.Pool
 		if p, err = l.poolLocked(d, id, false); err == nil {
 			if err = p.Close(); err == nil {
-				delete(d.pools, id)
+				d.setPool(id, nil)
 			}
 		}
 		l.mu.Unlock()

@@ -255,7 +255,11 @@ func TestConcurrentCallers(t *testing.T) {
 			var live []uintptr
 			for i := 0; i < rounds; i++ {
 				n := uint64(512 + (i*7919+w*104729)%(3*mib))
-				p, err := l.Alloc(n, dev, s, allocator.PoolID{})
+				pool := allocator.PoolID{}
+				if i%4 == 1 { // every fourth from the pool the device's workers share
+					pool = allocator.PoolID{0, 1}
+				}
+				p, err := l.Alloc(n, dev, s, pool)
 				if err != nil {
 					errs <- err
 					return
@@ -289,6 +293,9 @@ func TestConcurrentCallers(t *testing.T) {
 	check(t, l, 0, 1)
 	assert.Zero(t, stat(t, l, 0)["allocation.all.current"])
 	assert.Zero(t, stat(t, l, 1)["allocation.all.current"])
+	for dev := 0; dev < 2; dev++ {
+		require.NoError(t, l.ReleasePool(dev, allocator.PoolID{0, 1}))
+	}
 }
 
 func TestUnavailableDriver(t *testing.T) {
