@@ -43,10 +43,13 @@
 //   - One Go runtime per process: a second Go c-shared library in the same
 //     process is unsupported by Go. fork without exec: a child must not
 //     call into the library; use multiprocessing's spawn. Never dlclose.
-//   - Race detector: the library is built without -race (a c-shared
-//     library with the race runtime needs the race runtime loaded first);
-//     the Go code behind it, package allocator/pluggable, is tested under
-//     -race directly.
+//   - Race detector: the library is built without -race, also by the
+//     tests under go test -race. `go build -race -buildmode=c-shared`
+//     builds, but the library then aborts at load in a program not started
+//     under ThreadSanitizer ("ThreadSanitizer failed to allocate ... errno
+//     12": its shadow memory must be mapped first). The Go code behind the
+//     entry points, package allocator/pluggable, is tested under -race
+//     directly, threads and all.
 package main
 
 /*
