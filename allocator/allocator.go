@@ -23,7 +23,7 @@ type Allocator struct {
 	dev     int
 	total   uint64 // device capacity, nbytes
 	gran    uint64 // driver MINIMUM granularity: the unit of mapping, nbytes
-	allowed uint64 // reserved-memory cap from the memory fraction, nbytes
+	allowed uint64 // reserved-memory cap from the memory fraction (SetMemoryFraction), nbytes; mu
 	// plainRound: no roundup_power2_divisions bucket above 1, so
 	// roundSize is rounding up to 512 bytes. Set by New.
 	plainRound bool
@@ -952,6 +952,28 @@ func (a *Allocator) MemoryReserved() uint64 {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	return uint64(a.st.ReservedBytes[stats.AllPools].Current)
+}
+
+// SetMemoryFraction caps the memory the allocator may map at fraction of
+// the device total from now on (torch.cuda.set_per_process_memory_fraction,
+// and the per_process_memory_fraction key at New). Memory already mapped
+// above a lower cap stays mapped until freed and released; growth past the
+// cap fails with an *OutOfMemoryError. A fraction outside (0,1] is an error
+// wrapping ErrInvalidConfig and changes nothing.
+func (a *Allocator) SetMemoryFraction(fraction float64) error {
+	if !(fraction > 0 && fraction <= 1) {
+		return fmt.Errorf("%w: memory fraction %v outside (0,1]", ErrInvalidConfig, fraction)
+	}
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.closed {
+		return ErrClosed
+	}
+	a.allowed = a.total
+	if fraction < 1 {
+		a.allowed = uint64(fraction * float64(a.total))
+	}
+	return nil
 }
 
 // Close synchronises, unmaps and releases everything the allocator holds,

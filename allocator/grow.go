@@ -71,7 +71,7 @@ func (a *Allocator) limitOOM(p *Pool, cl *sizeClass, rounded, size uint64) error
 // pending events and release every free handle and segment → retry → a
 // typed OutOfMemoryError. It returns a free block of ss. mu held.
 func (a *Allocator) allocSlow(ss *streamState, cl *sizeClass, rounded, size uint64) (arena.BlockID, error) {
-	if thr := a.cfg.GarbageCollectionThreshold; thr > 0 && a.cfg.PerProcessMemoryFraction < 1 {
+	if thr := a.cfg.GarbageCollectionThreshold; thr > 0 && a.allowed < a.total {
 		limit := uint64(thr * float64(a.allowed))
 		if uint64(a.st.ReservedBytes[0].Current) > limit {
 			_ = a.releaseUntil(limit) // best effort; growth below reports real failures
