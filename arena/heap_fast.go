@@ -33,11 +33,14 @@ func (h *Heap) AllocFit(sid StreamID, pool uint8, n, requested, maxSize, minSpli
 		return NoBlock, 0, 0 // also stream slot 0, whose free is nil
 	}
 	l := &free[pool]
-	id := h.bestFit(l, n)
-	if id == NoBlock {
-		return NoBlock, 0, 0
+	id, b, inPlace := h.memoFit(l, n)
+	memoHit := id != NoBlock
+	if !memoHit {
+		if id = h.bestFit(l, n); id == NoBlock {
+			return NoBlock, 0, 0
+		}
+		b = h.rec(id)
 	}
-	b := h.rec(id)
 	size := b.size
 	if size > maxSize {
 		return NoBlock, 0, 0
@@ -59,7 +62,11 @@ func (h *Heap) AllocFit(sid StreamID, pool uint8, n, requested, maxSize, minSpli
 		h.leave(b)
 	}
 	addr := b.addr
-	inPlace := h.fitsSlotSmaller(id, b, size-n, addr+uintptr(n))
+	if !memoHit {
+		inPlace = h.fitsSlotSmaller(id, b, size-n, addr+uintptr(n))
+		// Kept at this ver: a split in place leaves it, a remove moves it.
+		l.memo = fitMemo{ver: l.ver, id: id, n: n, addr: addr, size: size, inPlace: inPlace}
+	}
 	if !inPlace {
 		h.remove(l, id, b)
 	}
@@ -170,7 +177,16 @@ func (h *Heap) mergeFreed(id BlockID, b *block) {
 		h.leave(nx)
 	}
 	size := nx.size + b.size
-	if h.fitsSlotLarger(nid, nx, size, b.addr) {
+	// Merging back to the memo's key restores the index it was kept for,
+	// where that key stood in this slot.
+	m := &l.memo
+	fits := nid == m.id && m.ver == l.ver && b.addr == m.addr && size == m.size
+	if !fits {
+		if fits = h.fitsSlotLarger(nid, nx, size, b.addr); fits && nid != m.id {
+			l.ver++ // another block's key changes in place
+		}
+	}
+	if fits {
 		l.bytes += b.size
 		h.absorbBelow(nid, nx, id, b, prev)
 	} else {
