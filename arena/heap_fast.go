@@ -33,7 +33,7 @@ func (h *Heap) AllocFit(sid StreamID, pool uint8, n, requested, maxSize, minSpli
 		return NoBlock, 0, 0 // also stream slot 0, whose free is nil
 	}
 	l := &free[pool]
-	id, b, inPlace := h.memoFit(l, n)
+	id, b := h.memoFit(l, n)
 	memoHit := id != NoBlock
 	if !memoHit {
 		if id = h.bestFit(l, n); id == NoBlock {
@@ -62,10 +62,12 @@ func (h *Heap) AllocFit(sid StreamID, pool uint8, n, requested, maxSize, minSpli
 		h.leave(b)
 	}
 	addr := b.addr
+	inPlace := memoHit // a memo is kept only for a split in place
 	if !memoHit {
-		inPlace = h.fitsSlotSmaller(id, b, size-n, addr+uintptr(n))
-		// Kept at this ver: a split in place leaves it, a remove moves it.
-		l.memo = fitMemo{ver: l.ver, id: id, n: n, addr: addr, size: size, inPlace: inPlace}
+		if inPlace = h.fitsSlotSmaller(id, b, size-n, addr+uintptr(n)); inPlace {
+			m := &l.memo // field by field: no zeroing
+			m.ver, m.id, m.n, m.size = l.ver, id, n, size
+		}
 	}
 	if !inPlace {
 		h.remove(l, id, b)
@@ -180,7 +182,7 @@ func (h *Heap) mergeFreed(id BlockID, b *block) {
 	// Merging back to the memo's key restores the index it was kept for,
 	// where that key stood in this slot.
 	m := &l.memo
-	fits := nid == m.id && m.ver == l.ver && b.addr == m.addr && size == m.size
+	fits := nid == m.id && m.ver == l.ver && size == m.size
 	if !fits {
 		if fits = h.fitsSlotLarger(nid, nx, size, b.addr); fits && nid != m.id {
 			l.ver++ // another block's key changes in place

@@ -137,7 +137,7 @@ func TestHeapAllocFitMemoIsBestFit(t *testing.T) {
 					}
 					want := h.BestFit(s1, 0, n)
 					wantAddr := h.Addr(want) // AllocFit moves a split block's record up
-					if id, _, _ := h.memoFit(&h.streams[s1].free[0], n); id != NoBlock {
+					if id, _ := h.memoFit(&h.streams[s1].free[0], n); id != NoBlock {
 						hits++
 						require.Equal(t, want, id, "step %d: the memo is not the best fit", step)
 					}

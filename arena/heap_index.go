@@ -35,41 +35,40 @@ type tlsfIndex struct {
 	empty  uint8       // groups without a block (slMap 0)
 	pos    [64]uint8   // pos[f]: 1 + the index in groups of first level f's group; 0 when it has none
 	// ver counts the changes of the index's content (its blocks' keys),
-	// but for the in-place splits and merges of memo's block.
-	ver  uint32
+	// but for the in-place splits and merges of memo's block; 64 bits, so
+	// that it never wraps back to a stale memo's.
+	ver  uint64
 	memo fitMemo
 }
 
-// fitMemo is the last best fit that AllocFit searched for in an index,
+// fitMemo is the last best fit that AllocFit split in place in an index,
 // kept so that the split-then-merge-back cycle of the cache hit does not
-// search again: while the index's ver is memo's and the block's key is
-// back to (addr, size), the index holds what it held then, so bestFit(n)
-// is id again, and splitting n off it again fits its treap slot as it did
-// (inPlace). Only id's own in-place splits and merges leave ver alone;
-// every other change (insert, remove, replaceSlot, another block's
-// in-place merge) moves it. Heap.Check verifies a memo that claims to be
+// search again: while the index's ver is memo's and the block's size is
+// back to size, the index holds what it held then, so bestFit(n) is id
+// again, and splitting n off it fits its treap slot again. Only id's own
+// in-place splits (AllocFit) and merges (mergeFreed) leave ver alone, and
+// both keep the block's end address, so its size alone tells its key.
+// Every other change (insert, remove, replaceSlot, another block's
+// in-place merge) moves ver. Heap.Check verifies a memo that claims to be
 // valid.
 type fitMemo struct {
-	ver     uint32
-	id      BlockID // bestFit(l, n); NoBlock: none kept
-	n       uint64  // the request, nbytes
-	addr    uintptr // id's key then
-	size    uint64
-	inPlace bool // fitsSlotSmaller(id, (size−n, addr+n)) then
+	ver  uint64
+	id   BlockID // bestFit(l, n); NoBlock: none kept
+	n    uint64  // the request, nbytes
+	size uint64  // id's size then
 }
 
-// memoFit returns the kept best fit of l for n bytes, and whether splitting
-// n off it fits its slot, if the memo is valid; else NoBlock.
-func (h *Heap) memoFit(l *tlsfIndex, n uint64) (BlockID, *block, bool) {
+// memoFit returns the kept best fit of l for n bytes if the memo is
+// valid; else NoBlock.
+func (h *Heap) memoFit(l *tlsfIndex, n uint64) (BlockID, *block) {
 	m := &l.memo
 	if m.ver != l.ver || m.n != n || m.id == NoBlock {
-		return NoBlock, nil, false
+		return NoBlock, nil
 	}
-	b := h.rec(m.id)
-	if b.addr != m.addr || b.size != m.size {
-		return NoBlock, nil, false
+	if b := h.rec(m.id); b.size == m.size {
+		return m.id, b
 	}
-	return m.id, b, m.inPlace
+	return NoBlock, nil
 }
 
 // maxEmptyGroups is the most empty groups an index keeps beyond as many
