@@ -6,9 +6,12 @@ package arena
 // common split-then-merge-back cycle no class treap changes shape: the
 // free block being split keeps its record (and its treap slot, when its
 // new key still orders there) and the allocated piece gets a fresh record
-// below it; freeing that piece merges it back into the same record.
-// Both refuse, changing nothing, whatever they cannot do cheaply; the
-// owner then takes its general path, which reports errors.
+// below it; freeing that piece merges it back into the same record. And
+// the index remembers the block it split (fitMemo), so that the next
+// request of the same size, with nothing else changed in between, takes
+// it without a search. Both refuse, changing nothing, whatever they
+// cannot do cheaply; the owner then takes its general path, which reports
+// errors.
 
 // AllocFit hands out n bytes (0 < requested ≤ n) of the best free block
 // of stream sid in pool for n bytes: BestFit then Alloc in one step, for

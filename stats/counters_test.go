@@ -144,3 +144,39 @@ func wantFree(d *DeviceStats, p PoolKind, n, req int64) {
 	d.ActiveBytes.Dec(p, n)
 	d.RequestedBytes.Dec(p, req)
 }
+
+// CountMallocBoth counts both records exactly as two CountMalloc calls do,
+// with and without blocks pending free.
+func TestCountMallocBothIsTwoCountMallocs(t *testing.T) {
+	r := rand.New(rand.NewPCG(3, 9))
+	var agg, own, aggWant, ownWant HotCounters
+	all := []*HotCounters{&agg, &own, &aggWant, &ownWant}
+	type blk struct {
+		p PoolKind
+		n int64
+	}
+	var pending []blk
+	for i := 0; i < 500; i++ {
+		b := blk{PoolKind(1 + r.IntN(2)), int64(512 * (1 + r.IntN(16)))}
+		switch op := r.IntN(4); {
+		case op == 0: // a block allocated and freed pending on events
+			for _, c := range all {
+				c.CountMalloc(b.p, b.n, b.n)
+				c.CountPending(b.p, b.n)
+			}
+			pending = append(pending, b)
+		case op == 1 && len(pending) > 0: // its events complete
+			b = pending[len(pending)-1]
+			pending = pending[:len(pending)-1]
+			for _, c := range all {
+				c.CountPendingFreed(b.p, b.n, b.n)
+			}
+		default:
+			CountMallocBoth(&agg, &own, b.p, b.n, b.n-1)
+			aggWant.CountMalloc(b.p, b.n, b.n-1)
+			ownWant.CountMalloc(b.p, b.n, b.n-1)
+		}
+		require.Equal(t, aggWant.Settled(), agg.Settled(), "step %d", i)
+		require.Equal(t, ownWant.Settled(), own.Settled(), "step %d", i)
+	}
+}
