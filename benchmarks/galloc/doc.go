@@ -15,9 +15,15 @@
 //	                      ../replay BenchmarkWarmReplay/ids=dense); galloc
 //	                      counts in 512-byte units, vmmalloc's rounding
 //
-// Run them with (the module proxy must serve github.com/gogpu/galloc, or
-// point the module at a local checkout first with
-// go mod edit -replace github.com/gogpu/galloc=DIR):
+// The module proxy this project uses does not serve github.com/gogpu/galloc
+// (it answers 403), so point the module at a checkout of it (v0.2.0)
+// first, and let go fill go.sum; then run them:
 //
-//	cd benchmarks/galloc && go test -run '^$' -bench . -benchtime 2000000x
+//	cd benchmarks/galloc
+//	go mod edit -replace github.com/gogpu/galloc=DIR && go mod tidy
+//	go test -run '^$' -bench CacheHit -benchtime 1000000x
+//	go test -run '^$' -bench WarmReplay -benchtime 40x
+//
+// (or leave go.mod alone: copy it to x.mod, edit that, and pass
+// -modfile=x.mod to each go command).
 package galloc
