@@ -683,12 +683,10 @@ func (a *Allocator) dropSeg(sg *seg, mapped uint64) {
 		n := int64(b.Size)
 		for _, st := range a.statsOf(o.pool) {
 			if b.State == arena.Allocated {
-				st.Allocation.Add(cl.kind, -1)
-				st.AllocatedBytes.Add(cl.kind, -n)
+				st.CountFree(cl.kind, n, int64(b.Requested))
+			} else {
+				st.CountPendingFreed(cl.kind, n, int64(b.Requested))
 			}
-			st.Active.Add(cl.kind, -1)
-			st.ActiveBytes.Add(cl.kind, -n)
-			st.RequestedBytes.Add(cl.kind, -int64(b.Requested))
 		}
 	}
 	_ = h.RemoveRegion(sg.rid) // no block is in transition: the lock is held throughout
