@@ -24,6 +24,9 @@ type Allocator struct {
 	total   uint64 // device capacity, nbytes
 	gran    uint64 // driver MINIMUM granularity: the unit of mapping, nbytes
 	allowed uint64 // reserved-memory cap from the memory fraction, nbytes
+	// pressureAt is the reserved bytes above which the device is under
+	// pressure (pressure.go), for the cache hit's test. Set by New.
+	pressureAt int64
 	// plainRound: no roundup_power2_divisions bucket above 1, so
 	// roundSize is rounding up to 512 bytes. Set by New.
 	plainRound bool
@@ -277,6 +280,7 @@ func New(drv backend.Driver, cfg Config) (*Allocator, error) {
 	if cfg.PerProcessMemoryFraction < 1 {
 		a.allowed = uint64(cfg.PerProcessMemoryFraction * float64(total))
 	}
+	a.pressureAt = pressureLine(a.allowed)
 	if cfg.MaxSplitSize != 0 {
 		a.st.MaxSplitSize = int64(cfg.MaxSplitSize)
 	} else {
@@ -498,6 +502,7 @@ func (a *Allocator) Malloc(size uint64, stream backend.Stream) (uintptr, error) 
 		}
 		cl := a.classFor(rounded)
 		maxSize, minSplit := a.fitLimits(a.def.expandable, cl, rounded)
+		maxSize = a.hitBound(&a.def, rounded, maxSize)
 		if b, addr, bsize := a.heap.AllocFit(ss.sid, uint8(cl.idx), rounded, size, maxSize, minSplit); b != arena.NoBlock {
 			a.countAlloc(ss, cl, bsize, size)
 			a.mu.Unlock()
@@ -548,6 +553,11 @@ func (a *Allocator) mallocSlow(p *Pool, size uint64, stream backend.Stream) (uin
 		}
 	}
 	b, addr, bsize := a.bestFit(ss, cl, rounded)
+	if b != arena.NoBlock && a.guardsCuts(p) {
+		if b, addr, bsize, err = a.fitPressed(ss, cl, rounded); err != nil {
+			return 0, err
+		}
+	}
 	if b == arena.NoBlock {
 		if b, err = a.allocSlow(ss, cl, rounded, size); err != nil {
 			if a.hist != nil {

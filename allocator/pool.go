@@ -324,6 +324,7 @@ func (p *Pool) Malloc(size uint64, stream backend.Stream) (uintptr, error) {
 			}
 			cl := a.classFor(rounded)
 			maxSize, minSplit := a.fitLimits(p.expandable, cl, rounded)
+			maxSize = a.hitBound(p, rounded, maxSize)
 			if b, addr, bsize := a.heap.AllocFit(o.sid, uint8(cl.idx), rounded, size, maxSize, minSplit); b != 0 {
 				a.countAlloc(o, cl, bsize, size)
 				a.mu.Unlock()

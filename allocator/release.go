@@ -350,6 +350,16 @@ func (a *Allocator) releaseStreamPool(ss *streamState, onlyPool int, target uint
 		rels = append(rels, rel)
 		reserved -= min(n, reserved)
 	}
+	return a.releaseRels(ss, rels)
+}
+
+// releaseRels returns the memory of rels, ranges of ss's free blocks that
+// the caller marked Releasing (arena.Heap.BeginRelease): it synchronises
+// ss and unmaps them (whole handles of expandable segments, whole classic
+// segments) with mu dropped, then commits what was unmapped. If the wait
+// fails, every range goes back to ss's free memory unchanged. mu held
+// (dropped while it waits).
+func (a *Allocator) releaseRels(ss *streamState, rels []arena.BlockID) error {
 	if len(rels) == 0 {
 		return nil
 	}
