@@ -190,20 +190,29 @@ func TestPressureUnmapsRatherThanCuts(t *testing.T) {
 	mustCheck(t, room, re)
 }
 
+// growthRig maps, on a 1 GiB device, x (128 MiB: two growth handles), w
+// (320 MiB: five more, within half) and v (320 MiB: granules, past half),
+// and frees x: a free run of two growth handles too small for 200 MiB.
+func growthRig(t *testing.T) (a *Allocator, e *emulated.Emulator) {
+	t.Helper()
+	a, e = newAlloc(t, "", emulated.WithCapacity(1*gib))
+	x, err := a.Malloc(128*mib, 0)
+	require.NoError(t, err)
+	_, err = a.Malloc(320*mib, 0)
+	require.NoError(t, err)
+	_, err = a.Malloc(320*mib, 0)
+	require.NoError(t, err)
+	require.Equal(t, map[uint64]int{64: 7, 2: 160}, handleSizes(a))
+	require.NoError(t, a.Free(x))
+	return a, e
+}
+
 // TestPressureGrowthUnmapsFreeGrowthHandles: a growth under pressure first
 // unmaps the growing stream's wholly free growth handles, so the memory
 // they held is mapped again in granules where the heap grows.
 func TestPressureGrowthUnmapsFreeGrowthHandles(t *testing.T) {
-	a, e := newAlloc(t, "", emulated.WithCapacity(1*gib))
-	x, err := a.Malloc(128*mib, 0) // two growth handles
-	require.NoError(t, err)
-	_, err = a.Malloc(320*mib, 0) // five more: 448 MiB, within half
-	require.NoError(t, err)
-	_, err = a.Malloc(320*mib, 0) // granules: 768 MiB
-	require.NoError(t, err)
-	require.Equal(t, map[uint64]int{64: 7, 2: 160}, handleSizes(a))
-	require.NoError(t, a.Free(x))
-	_, err = a.Malloc(200*mib, 0) // x's 128 MiB cannot hold it: a growth
+	a, e := growthRig(t)
+	_, err := a.Malloc(200*mib, 0) // x's 128 MiB cannot hold it: a growth
 	require.NoError(t, err)
 	assert.Equal(t, map[uint64]int{64: 5, 2: 260}, handleSizes(a), "x's handles unmapped")
 	assert.Equal(t, uint64(840*mib), a.MemoryReserved())
@@ -217,20 +226,40 @@ func TestPressureGrowthUnmapsFreeGrowthHandles(t *testing.T) {
 // the same: what stays mapped stays usable, and a handle whose free
 // failed stays cached until the out-of-memory ladder or Close frees it.
 func TestPressureReleaseFaults(t *testing.T) {
-	for _, op := range []backend.Op{backend.OpStreamSync, backend.OpUnmap, backend.OpFree} {
-		for _, k := range []int{1, 2, 5} {
-			t.Run(fmt.Sprintf("%v#%d", op, k), func(t *testing.T) {
-				a, e, _, _ := pressureRig(t)
-				require.NoError(t, e.FailNth(op, k, backend.ErrUnavailable))
-				z, err := a.Malloc(10*mib, 0)
-				require.NoError(t, err)
-				mustCheck(t, a, e)
-				assert.Positive(t, e.Failures(op), "the fault fired")
-				require.NoError(t, a.Free(z))
-				require.NoError(t, a.EmptyCache())
-				mustCheck(t, a, e)
-				assert.Equal(t, uint64(640*mib), a.MemoryReserved(), "only y stays")
-			})
+	rigs := []struct {
+		name string
+		rig  func(*testing.T) (*Allocator, *emulated.Emulator)
+		size uint64 // the Malloc under pressure
+		kept uint64 // reserved bytes once it is freed and the cache emptied
+	}{
+		{"cut", func(t *testing.T) (*Allocator, *emulated.Emulator) {
+			a, e, _, _ := pressureRig(t)
+			return a, e
+		}, 10 * mib, 640 * mib},
+		{"growth", growthRig, 200 * mib, 640 * mib},
+	}
+	for _, r := range rigs {
+		for _, op := range []backend.Op{backend.OpStreamSync, backend.OpUnmap, backend.OpFree} {
+			for _, k := range []int{1, 2, 5} {
+				t.Run(fmt.Sprintf("%s/%v#%d", r.name, op, k), func(t *testing.T) {
+					a, e := r.rig(t)
+					require.NoError(t, e.FailNth(op, k, backend.ErrUnavailable))
+					z, err := a.Malloc(r.size, 0)
+					require.NoError(t, err)
+					mustCheck(t, a, e)
+					if k == 1 {
+						assert.Positive(t, e.Failures(op), "the fault fired")
+					}
+					require.NoError(t, a.Free(z))
+					if err := a.EmptyCache(); err != nil { // a later call of op was the one to fail
+						require.ErrorIs(t, err, backend.ErrUnavailable)
+						mustCheck(t, a, e)
+						require.NoError(t, a.EmptyCache())
+					}
+					mustCheck(t, a, e)
+					assert.Equal(t, r.kept, a.MemoryReserved(), "only what is allocated stays")
+				})
+			}
 		}
 	}
 }
