@@ -50,7 +50,7 @@ import (
 // handles rather than cache them: under pressure no growth maps that size
 // again. A handle that holds an allocated byte cannot be split, so what a
 // partly free growth handle mapped below the line costs is what it
-// strands when a growth fails: on cs336_ctx512_fullstep 1.1 % of peak
+// strands when a growth fails: on cs336_ctx512_fullstep 0.8 % of peak
 // allocated in minimum capacity (README, "The default policy under
 // pressure"), against 0.3 % with granule handles everywhere at 17× the
 // driver calls of a device with room.
