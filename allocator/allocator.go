@@ -502,7 +502,7 @@ func (a *Allocator) Malloc(size uint64, stream backend.Stream) (uintptr, error) 
 		}
 		cl := a.classFor(rounded)
 		maxSize, minSplit := a.fitLimits(a.def.expandable, cl, rounded)
-		maxSize = a.hitBound(&a.def, rounded, maxSize)
+		maxSize = a.hitBound(rounded, maxSize)
 		if b, addr, bsize := a.heap.AllocFit(ss.sid, uint8(cl.idx), rounded, size, maxSize, minSplit); b != arena.NoBlock {
 			a.countAlloc(ss, cl, bsize, size)
 			a.mu.Unlock()

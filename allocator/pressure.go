@@ -81,15 +81,23 @@ func pressureLine(allowed uint64) int64 {
 	return int64(min(allowed/pressureDen*pressureNum, math.MaxInt64))
 }
 
-// hitBound is the largest free block the cache hit may take for rounded
-// bytes in pool p, given fitLimits' maxSize: under pressure (reserved past
-// the line, or a pool with a memory limit), only a block that leaves less
-// than a granule when cut; a larger one goes to mallocSlow, whose
-// fitPressed looks at the handles the cut would strand. mu held.
-func (a *Allocator) hitBound(p *Pool, rounded, maxSize uint64) uint64 {
-	if a.st.ReservedBytes[0].Current <= a.pressureAt && p.limit == math.MaxUint64 {
-		return maxSize
+// hitBound is the largest free block the default pool's cache hit may
+// take for rounded bytes, given fitLimits' maxSize: under pressure
+// (reserved past the line), only a block that leaves less than a granule
+// when cut; a larger one goes to mallocSlow, whose fitPressed looks at the
+// handles the cut would strand. It inlines into the cache hit. mu held.
+func (a *Allocator) hitBound(rounded, maxSize uint64) uint64 {
+	if a.st.ReservedBytes[0].Current > a.pressureAt {
+		return a.poolHitBound(&a.def, rounded, maxSize)
 	}
+	return maxSize
+}
+
+// poolHitBound is hitBound for pool p, whose memory limit may put it
+// under pressure too. mu held.
+//
+//go:noinline
+func (a *Allocator) poolHitBound(p *Pool, rounded, maxSize uint64) uint64 {
 	if !a.guardsCuts(p) {
 		return maxSize
 	}
