@@ -553,8 +553,8 @@ func (a *Allocator) mallocSlow(p *Pool, size uint64, stream backend.Stream) (uin
 		}
 	}
 	b, addr, bsize := a.bestFit(ss, cl, rounded)
-	if b != arena.NoBlock && a.guardsCuts(p) {
-		if b, addr, bsize, err = a.fitPressed(ss, cl, rounded); err != nil {
+	if b != arena.NoBlock && cl.growthHandles() && a.guardsCuts(p) {
+		if b, addr, bsize, err = a.fitPressed(ss, cl, rounded, b, addr, bsize); err != nil {
 			return 0, err
 		}
 	}

@@ -98,11 +98,15 @@ func (a *Allocator) hitBound(rounded, maxSize uint64) uint64 {
 //
 //go:noinline
 func (a *Allocator) poolHitBound(p *Pool, rounded, maxSize uint64) uint64 {
-	if !a.guardsCuts(p) {
+	if !a.classFor(rounded).growthHandles() || !a.guardsCuts(p) {
 		return maxSize
 	}
 	return min(maxSize, rounded+a.gran-1)
 }
+
+// growthHandles reports whether growths of cl map handles larger than a
+// page (expandable_handle_mb, the large pool only).
+func (cl *sizeClass) growthHandles() bool { return cl.handleSize > cl.pageSize }
 
 // guardsCuts reports whether a Malloc in pool p is under pressure and may
 // unmap a wholly free growth handle rather than cut it: an expandable,
@@ -112,23 +116,20 @@ func (a *Allocator) guardsCuts(p *Pool) bool {
 	return p.expandable && p.align == 0 && !p.isolated && !p.asleep && a.cfg.DefragThreshold >= 0 && a.underPressure(p, 0)
 }
 
-// fitPressed is bestFit for rounded bytes of ss under pressure: while the
-// block it finds would be cut inside a wholly free growth handle (leaving
-// part of that handle free), that handle is unmapped, after ss's queued
-// work completes, and the fit searched again. It returns the block to
-// serve the request from (NoBlock: grow), or ErrInvalidStream if ss was
-// released while it waited. A release that fails leaves the block as it
-// was, and the request takes it. mu held (dropped while it waits).
-func (a *Allocator) fitPressed(ss *streamState, cl *sizeClass, rounded uint64) (arena.BlockID, uintptr, uint64, error) {
+// fitPressed is bestFit for rounded bytes of ss under pressure, given
+// bestFit's block b (at addr, of size bytes): while the block would be
+// cut inside a wholly free growth handle (leaving part of that handle
+// free), that handle is unmapped, after ss's queued work completes, and
+// the fit searched again. It returns the block to serve the request from
+// (NoBlock: grow), or ErrInvalidStream if ss was released while it
+// waited. A release that fails leaves the block as it was, and the
+// request takes it. mu held (dropped while it waits).
+func (a *Allocator) fitPressed(ss *streamState, cl *sizeClass, rounded uint64, b arena.BlockID, addr uintptr, size uint64) (arena.BlockID, uintptr, uint64, error) {
 	stream := ss.stream
-	for {
-		b, addr, size := a.bestFit(ss, cl, rounded)
-		if b == arena.NoBlock || !a.guardsCuts(ss.pool) {
-			return b, addr, size, nil
-		}
+	for b != arena.NoBlock && a.guardsCuts(ss.pool) {
 		rel, ok := a.markCut(ss, cl, b, rounded)
 		if !ok {
-			return b, addr, size, nil
+			break
 		}
 		before := a.st.ReservedBytes[0].Current
 		_ = a.releaseRels(ss, []arena.BlockID{rel}) // best effort: what stays mapped stays usable
@@ -136,11 +137,13 @@ func (a *Allocator) fitPressed(ss *streamState, cl *sizeClass, rounded uint64) (
 			return arena.NoBlock, 0, 0, fmt.Errorf("%w: stream %d was released while a Malloc on it waited", ErrInvalidStream, stream)
 		}
 		_ = cl.cache.TrimLarger(cl.pageSize) // a failed free stays cached; the ladder retries
-		if a.st.ReservedBytes[0].Current == before {
-			b, addr, size = a.bestFit(ss, cl, rounded)
-			return b, addr, size, nil
+		released := a.st.ReservedBytes[0].Current < before
+		b, addr, size = a.bestFit(ss, cl, rounded)
+		if !released {
+			break
 		}
 	}
+	return b, addr, size, nil
 }
 
 // markCut marks Releasing the wholly free growth handle of free block b
