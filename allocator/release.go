@@ -410,6 +410,11 @@ func (a *Allocator) releaseRels(ss *streamState, rels []arena.BlockID) error {
 			// the stream since, so this wait's failure says nothing.
 			return a.releaseIdles()
 		}
+		if v, ok := a.vanished[s]; ok && v == ss.primary {
+			// Found destroyed behind our back by the wait for another of
+			// its pools' states: released with the others, as below.
+			return nil
+		}
 		if a.streams[s] != ss.primary || !a.streamGone(s) {
 			return err
 		}
