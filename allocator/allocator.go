@@ -24,6 +24,10 @@ type Allocator struct {
 	total   uint64 // device capacity, nbytes
 	gran    uint64 // driver MINIMUM granularity: the unit of mapping, nbytes
 	allowed uint64 // reserved-memory cap from the memory fraction (SetMemoryFraction), nbytes; mu
+	// pressureAt is the reserved bytes above which the device is under
+	// pressure (pressure.go), for the cache hit's test; it follows
+	// allowed (New, SetMemoryFraction). mu.
+	pressureAt int64
 	// plainRound: no roundup_power2_divisions bucket above 1, so
 	// roundSize is rounding up to 512 bytes. Set by New.
 	plainRound bool
@@ -288,6 +292,7 @@ func New(drv backend.Driver, cfg Config) (*Allocator, error) {
 		a.allowed = uint64(cfg.PerProcessMemoryFraction * float64(total))
 	}
 	a.oversize = math.MaxUint64
+	a.pressureAt = pressureLine(a.allowed)
 	if cfg.MaxSplitSize != 0 {
 		a.st.MaxSplitSize = int64(cfg.MaxSplitSize)
 		a.oversize = cfg.MaxSplitSize
@@ -507,6 +512,7 @@ func (a *Allocator) Malloc(size uint64, stream backend.Stream) (uintptr, error) 
 		}
 		cl := a.classFor(rounded)
 		maxSize, minSplit := a.fitLimits(a.def.expandable, cl, rounded)
+		maxSize = a.hitBound(rounded, maxSize)
 		if b, addr, bsize := a.heap.AllocFit(ss.sid, uint8(cl.idx), rounded, size, maxSize, minSplit); b != arena.NoBlock {
 			a.countAlloc(ss, cl, bsize, size)
 			a.mu.Unlock()
@@ -557,6 +563,11 @@ func (a *Allocator) mallocSlow(p *Pool, size uint64, stream backend.Stream) (uin
 		}
 	}
 	b, addr, bsize := a.bestFit(ss, cl, rounded)
+	if b != arena.NoBlock && cl.growthHandles() && a.guardsCuts(p) {
+		if b, addr, bsize, err = a.fitPressed(ss, cl, rounded, b, addr, bsize); err != nil {
+			return 0, err
+		}
+	}
 	if b == arena.NoBlock {
 		if b, err = a.allocSlow(ss, cl, rounded, size); err != nil {
 			if a.hist != nil {
@@ -987,6 +998,7 @@ func (a *Allocator) SetMemoryFraction(fraction float64) error {
 	if fraction < 1 {
 		a.allowed = uint64(fraction * float64(a.total))
 	}
+	a.pressureAt = pressureLine(a.allowed)
 	return nil
 }
 

@@ -57,7 +57,10 @@
 // (the growth would take reserved memory past half of what the process
 // may use, or a pool past half its limit: pressure.go) every growth maps
 // granule handles instead, so that near the limit every free granule can
-// be unmapped and remapped where the heap grows. The handle cache's budget
+// be unmapped and remapped where the heap grows; there a wholly free
+// growth handle is unmapped rather than cut by a Malloc (whose cache hit
+// then takes only blocks that leave less than a granule) and before a
+// growth, to be remapped as granules. The handle cache's budget
 // (handle_cache_mb, bytes) holds handles of every size a growth maps.
 // Free coalesces with free neighbours of the same stream. A free block on another stream's list is never handed out:
 // stream-ordered reuse needs no synchronisation.

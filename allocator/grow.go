@@ -589,6 +589,12 @@ func (a *Allocator) awaitGrowths(ss *streamState, cl *sizeClass, rounded uint64)
 // left to the out-of-memory ladder: growth never waits for another stream.
 // Failures are left to the growth (and the OOM ladder) to report. mu held.
 func (a *Allocator) defragBeforeGrow(ss *streamState, cl *sizeClass, rounded uint64) {
+	if cl.growthHandles() && a.guardsCuts(ss.pool) && a.underPressure(ss.pool, roundUp(rounded, a.gran)) {
+		a.releaseFreeGrowthHandles(ss, cl) // pressure.go
+		if !a.owns(ss) {
+			return // the caller reports it
+		}
+	}
 	excess := a.defragExcess(ss.pool, cl, rounded)
 	if excess == 0 {
 		return

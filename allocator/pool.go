@@ -324,6 +324,9 @@ func (p *Pool) Malloc(size uint64, stream backend.Stream) (uintptr, error) {
 			}
 			cl := a.classFor(rounded)
 			maxSize, minSplit := a.fitLimits(p.expandable, cl, rounded)
+			if a.st.ReservedBytes[0].Current > a.pressureAt || p.limit != math.MaxUint64 {
+				maxSize = a.poolHitBound(p, rounded, maxSize) // pressure.go
+			}
 			if b, addr, bsize := a.heap.AllocFit(o.sid, uint8(cl.idx), rounded, size, maxSize, minSplit); b != 0 {
 				a.countAlloc(o, cl, bsize, size)
 				a.mu.Unlock()

@@ -1,11 +1,13 @@
 package allocator
 
 import (
+	"fmt"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/vmmalloc/vmmalloc/backend"
 	"github.com/vmmalloc/vmmalloc/backend/emulated"
 )
 
@@ -123,5 +125,182 @@ func TestHandleCacheHonoursBudget(t *testing.T) {
 				require.NoError(t, a.Free(p))
 			}
 		})
+	}
+}
+
+// pressureRig maps, on a 1 GiB device, x (320 MiB: five 64 MiB growth
+// handles, mapped with room) and y (640 MiB: granule handles, past half of
+// the device), and frees x: five wholly free growth handles under pressure.
+func pressureRig(t *testing.T) (a *Allocator, e *emulated.Emulator, x, y uintptr) {
+	t.Helper()
+	a, e = newAlloc(t, "", emulated.WithCapacity(1*gib))
+	x, err := a.Malloc(320*mib, 0)
+	require.NoError(t, err)
+	y, err = a.Malloc(640*mib, 0)
+	require.NoError(t, err)
+	require.Equal(t, map[uint64]int{64: 5, 2: 320}, handleSizes(a))
+	require.NoError(t, a.Free(x))
+	mustCheck(t, a, e)
+	return a, e, x, y
+}
+
+// deviceFree is the device memory the driver has not handed out.
+func deviceFree(t *testing.T, e *emulated.Emulator) uint64 {
+	t.Helper()
+	free, _, err := e.MemGetInfo(0)
+	require.NoError(t, err)
+	return free
+}
+
+// TestPressureUnmapsRatherThanCuts: under pressure a Malloc whose best fit
+// would cut a wholly free growth handle unmaps it (after its stream's
+// work) and fits again; with the five of x unmapped one by one, the
+// request is a growth of granules at x's address, and none of the 64 MiB
+// handles stays cached. With room (an 8 GiB device) the same request cuts
+// x's first handle, as before.
+func TestPressureUnmapsRatherThanCuts(t *testing.T) {
+	a, e, x, _ := pressureRig(t)
+	syncs := e.CallCounts()[backend.OpStreamSync]
+	z, err := a.Malloc(10*mib, 0)
+	require.NoError(t, err)
+	assert.Equal(t, x, z, "granules mapped where x's handles were")
+	assert.Equal(t, map[uint64]int{2: 325}, handleSizes(a))
+	assert.Equal(t, uint64(650*mib), a.MemoryReserved())
+	assert.Equal(t, uint64(gib-650*mib), deviceFree(t, e), "the growth handles were freed, not cached")
+	assert.Equal(t, syncs+5, e.CallCounts()[backend.OpStreamSync], "one wait per handle unmapped")
+	mustCheck(t, a, e)
+
+	// The cache hit under pressure: an exact fit is served as before.
+	require.NoError(t, a.Free(z))
+	w, err := a.Malloc(10*mib, 0)
+	require.NoError(t, err)
+	assert.Equal(t, z, w)
+	mustCheck(t, a, e)
+
+	room, re := newAlloc(t, "", emulated.WithCapacity(8*gib))
+	rx, err := room.Malloc(320*mib, 0)
+	require.NoError(t, err)
+	_, err = room.Malloc(640*mib, 0)
+	require.NoError(t, err)
+	require.NoError(t, room.Free(rx))
+	rz, err := room.Malloc(10*mib, 0)
+	require.NoError(t, err)
+	assert.Equal(t, rx, rz)
+	assert.Equal(t, map[uint64]int{64: 15}, handleSizes(room), "no pressure: the handle is cut")
+	mustCheck(t, room, re)
+}
+
+// growthRig maps, on a 1 GiB device, x (128 MiB: two growth handles), w
+// (320 MiB: five more, within half) and v (320 MiB: granules, past half),
+// and frees x: a free run of two growth handles too small for 200 MiB.
+func growthRig(t *testing.T) (a *Allocator, e *emulated.Emulator) {
+	t.Helper()
+	a, e = newAlloc(t, "", emulated.WithCapacity(1*gib))
+	x, err := a.Malloc(128*mib, 0)
+	require.NoError(t, err)
+	_, err = a.Malloc(320*mib, 0)
+	require.NoError(t, err)
+	_, err = a.Malloc(320*mib, 0)
+	require.NoError(t, err)
+	require.Equal(t, map[uint64]int{64: 7, 2: 160}, handleSizes(a))
+	require.NoError(t, a.Free(x))
+	return a, e
+}
+
+// TestPressureGrowthUnmapsFreeGrowthHandles: a growth under pressure first
+// unmaps the growing stream's wholly free growth handles, so the memory
+// they held is mapped again in granules where the heap grows.
+func TestPressureGrowthUnmapsFreeGrowthHandles(t *testing.T) {
+	a, e := growthRig(t)
+	_, err := a.Malloc(200*mib, 0) // x's 128 MiB cannot hold it: a growth
+	require.NoError(t, err)
+	assert.Equal(t, map[uint64]int{64: 5, 2: 260}, handleSizes(a), "x's handles unmapped")
+	assert.Equal(t, uint64(840*mib), a.MemoryReserved())
+	assert.Equal(t, uint64(gib-840*mib), deviceFree(t, e))
+	mustCheck(t, a, e)
+}
+
+// TestPressureReleaseFaults: a driver call of the pressure release that
+// fails (the stream's wait, an unmap, the free of an unmapped growth
+// handle) rolls back to a consistent state and the Malloc is served all
+// the same: what stays mapped stays usable, and a handle whose free
+// failed stays cached until the out-of-memory ladder or Close frees it.
+func TestPressureReleaseFaults(t *testing.T) {
+	rigs := []struct {
+		name string
+		rig  func(*testing.T) (*Allocator, *emulated.Emulator)
+		size uint64 // the Malloc under pressure
+		kept uint64 // reserved bytes once it is freed and the cache emptied
+	}{
+		{"cut", func(t *testing.T) (*Allocator, *emulated.Emulator) {
+			a, e, _, _ := pressureRig(t)
+			return a, e
+		}, 10 * mib, 640 * mib},
+		{"growth", growthRig, 200 * mib, 640 * mib},
+	}
+	for _, r := range rigs {
+		for _, op := range []backend.Op{backend.OpStreamSync, backend.OpUnmap, backend.OpFree} {
+			for _, k := range []int{1, 2, 5} {
+				t.Run(fmt.Sprintf("%s/%v#%d", r.name, op, k), func(t *testing.T) {
+					a, e := r.rig(t)
+					require.NoError(t, e.FailNth(op, k, backend.ErrUnavailable))
+					z, err := a.Malloc(r.size, 0)
+					require.NoError(t, err)
+					mustCheck(t, a, e)
+					if k == 1 {
+						assert.Positive(t, e.Failures(op), "the fault fired")
+					}
+					require.NoError(t, a.Free(z))
+					if err := a.EmptyCache(); err != nil { // a later call of op was the one to fail
+						require.ErrorIs(t, err, backend.ErrUnavailable)
+						mustCheck(t, a, e)
+						require.NoError(t, a.EmptyCache())
+					}
+					mustCheck(t, a, e)
+					assert.Equal(t, r.kept, a.MemoryReserved(), "only what is allocated stays")
+				})
+			}
+		}
+	}
+}
+
+// BenchmarkMallocUnderPressure: the price of the pressure response on a
+// Malloc+Free pair that its cache hit serves with room. "exact" reuses a
+// freed 4 MiB block (a cache hit under pressure too); "cut" takes 2 MiB
+// from the start of a free 8 MiB block of granules, which under pressure
+// leaves a granule or more, so it takes the slow path (fitPressed: no
+// growth handle to unmap there). Room: an 8 GiB device; pressure: 1 GiB
+// with 640 MiB in use.
+func BenchmarkMallocUnderPressure(b *testing.B) {
+	for _, dev := range []struct {
+		name     string
+		capacity uint64
+	}{{"room", 8 * gib}, {"pressure", 1 * gib}} {
+		for _, c := range []struct {
+			name       string
+			hole, size uint64
+		}{{"exact", 4 * mib, 4 * mib}, {"cut", 8 * mib, 2 * mib}} {
+			b.Run(dev.name+"/"+c.name, func(b *testing.B) {
+				a, _ := newAlloc(b, "", emulated.WithCapacity(dev.capacity))
+				_, err := a.Malloc(640*mib, 0)
+				require.NoError(b, err)
+				h, err := a.Malloc(c.hole, 0)
+				require.NoError(b, err)
+				_, err = a.Malloc(2*mib, 0) // keeps the hole from merging with the top
+				require.NoError(b, err)
+				require.NoError(b, a.Free(h))
+				b.ReportAllocs()
+				b.ResetTimer()
+				for range b.N {
+					p, err := a.Malloc(c.size, 0)
+					if err != nil {
+						b.Fatal(err)
+					}
+					if err := a.Free(p); err != nil {
+						b.Fatal(err)
+					}
+				}
+			})
+		}
 	}
 }

@@ -350,6 +350,16 @@ func (a *Allocator) releaseStreamPool(ss *streamState, onlyPool int, target uint
 		rels = append(rels, rel)
 		reserved -= min(n, reserved)
 	}
+	return a.releaseRels(ss, rels)
+}
+
+// releaseRels returns the memory of rels, ranges of ss's free blocks that
+// the caller marked Releasing (arena.Heap.BeginRelease): it synchronises
+// ss and unmaps them (whole handles of expandable segments, whole classic
+// segments) with mu dropped, then commits what was unmapped. If the wait
+// fails, every range goes back to ss's free memory unchanged. mu held
+// (dropped while it waits).
+func (a *Allocator) releaseRels(ss *streamState, rels []arena.BlockID) error {
 	if len(rels) == 0 {
 		return nil
 	}
@@ -399,6 +409,11 @@ func (a *Allocator) releaseStreamPool(ss *streamState, onlyPool int, target uint
 			// their work complete, and the caller may have destroyed
 			// the stream since, so this wait's failure says nothing.
 			return a.releaseIdles()
+		}
+		if v, ok := a.vanished[s]; ok && v == ss.primary {
+			// Found destroyed behind our back by the wait for another of
+			// its pools' states: released with the others, as below.
+			return nil
 		}
 		if a.streams[s] != ss.primary || !a.streamGone(s) {
 			return err

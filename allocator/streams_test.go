@@ -460,3 +460,25 @@ func TestManyDestroyedStreamsOneDeviceSync(t *testing.T) {
 	assert.Empty(t, a.vanished)
 	mustCheck(t, a, e)
 }
+
+// TestEmptyCacheStreamDestroyedWithPools: a stream destroyed without
+// ReleaseStream that holds free memory in two pools. EmptyCache finds it
+// gone waiting for its first pool's state and releases the other without
+// reporting the wait's failure again (FuzzAllocator seed e0216fb71715fb86).
+func TestEmptyCacheStreamDestroyedWithPools(t *testing.T) {
+	a, e := newAlloc(t, "")
+	p, err := a.NewPool(PoolOptions{})
+	require.NoError(t, err)
+	s, err := e.StreamCreate(0)
+	require.NoError(t, err)
+	x, err := a.Malloc(mib, s)
+	require.NoError(t, err)
+	y, err := p.Malloc(mib, s)
+	require.NoError(t, err)
+	require.NoError(t, a.Free(x))
+	require.NoError(t, a.Free(y))
+	require.NoError(t, e.StreamDestroy(s))
+	require.NoError(t, a.EmptyCache())
+	assert.Zero(t, a.MemoryReserved())
+	mustCheck(t, a, e)
+}

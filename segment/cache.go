@@ -137,6 +137,31 @@ func (hc *HandleCache) TrimBytes(limit uint64) error {
 	return nil
 }
 
+// TrimLarger frees every cached handle of more than size bytes to the
+// driver and keeps the others. If
+// FreePhysical fails that handle stays cached and TrimLarger returns the
+// error (as Trim does) with the handles freed so far gone.
+func (hc *HandleCache) TrimLarger(size uint64) error {
+	var err error
+	kept := 0
+	for i, h := range hc.handles {
+		if hc.sizes[i] > size && err == nil {
+			ferr := hc.drv.FreePhysical(h)
+			if ferr == nil {
+				hc.c.HandlesFreed++
+				hc.bytes -= hc.sizes[i]
+				continue
+			}
+			err = fmt.Errorf("segment: trim handle cache: %w: handle %#x: %w", ErrHandleNotFreed, uint64(h), ferr)
+		}
+		hc.handles[kept], hc.sizes[kept] = h, hc.sizes[i]
+		kept++
+	}
+	clear(hc.handles[kept:])
+	hc.handles, hc.sizes = hc.handles[:kept], hc.sizes[:kept]
+	return err
+}
+
 // take pops up to len(dst) handles of size bytes into dst (most recently
 // cached first) and returns how many it took.
 func (hc *HandleCache) take(dst []backend.Handle, size uint64) int {

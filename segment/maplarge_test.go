@@ -184,3 +184,40 @@ func TestHandleCacheHoldsSizes(t *testing.T) {
 	assert.Zero(t, d.liveHandles())
 	assert.Equal(t, c.HandlesCreated, c.HandlesFreed)
 }
+
+func TestHandleCacheTrimLarger(t *testing.T) {
+	const page = 8 * mib                        // 4 granules
+	d, s, c := newSegFromStart(t, page, 16, 16) // budget: 16 pages
+	hc := s.cache
+	hc.Hold(2 * page)
+	hc.Hold(gr)
+	require.NoError(t, s.MapLarge(0, 32*mib, 2*page)) // two 16 MiB handles
+	require.NoError(t, s.Map(32*mib, 2*page))         // two pages
+	require.NoError(t, s.MapLarge(48*mib, 2*gr, gr))  // two granules
+	_, err := s.Unmap(0, 48*mib+2*gr)
+	require.NoError(t, err)
+	require.Equal(t, 6, hc.Len())
+	freed := c.HandlesFreed
+
+	// A failed free keeps that handle and stops there.
+	d.failNth(backend.OpFree, 1, backend.ErrUnavailable)
+	err = hc.TrimLarger(gr)
+	require.ErrorIs(t, err, backend.ErrUnavailable)
+	require.ErrorIs(t, err, ErrHandleNotFreed)
+	assert.Equal(t, 6, hc.Len())
+	assert.Equal(t, freed, c.HandlesFreed)
+
+	require.NoError(t, hc.TrimLarger(page)) // the 16 MiB handles only
+	assert.Equal(t, 4, hc.Len())
+	assert.Equal(t, uint64(2*page+2*gr), hc.Bytes())
+	require.NoError(t, hc.TrimLarger(gr)) // then the pages
+	assert.Equal(t, 2, hc.Len())
+	assert.Equal(t, 2*gr, hc.Bytes())
+	assert.Equal(t, freed+4, c.HandlesFreed)
+	require.NoError(t, hc.TrimLarger(gr), "nothing larger left")
+	assert.Equal(t, 2, hc.Len())
+	require.NoError(t, s.Destroy())
+	require.NoError(t, hc.Trim(0))
+	assert.Zero(t, d.liveHandles())
+	assert.Empty(t, d.ruleViolations())
+}

@@ -591,6 +591,29 @@ func (s *Segment) WholeHandles(off, n, limit uint64) (lo, hi uint64) {
 	return uint64(loG) * s.gran, uint64(hiG) * s.gran
 }
 
+// LargeHandles returns the range [lo, hi) from the first to the end of the
+// last whole handle of more than size bytes inside [off, off+n), a range the
+// caller knows to be mapped (offsets need not be granule-aligned); the
+// handles between them, whatever their size, are inside it too, so a
+// nonempty result is a valid Unmap range. With no such handle it returns
+// lo == hi == off. It walks the handles of the range: O(handles in it).
+func (s *Segment) LargeHandles(off, n, size uint64) (lo, hi uint64) {
+	wlo, whi := s.WholeHandles(off, n, ^uint64(0))
+	lo, hi = off, off
+	for at := wlo; at < whi; {
+		g := int(at / s.gran)
+		sp := uint64(s.span[g])
+		if sp*s.gran > size {
+			if lo == hi {
+				lo = at
+			}
+			hi = at + sp*s.gran
+		}
+		at += sp * s.gran
+	}
+	return lo, hi
+}
+
 // run is the Run of granules [from, to).
 func (s *Segment) run(from, to int) Run {
 	return Run{Off: uint64(from) * s.gran, Len: uint64(to-from) * s.gran}

@@ -637,6 +637,40 @@ func TestWholeHandles(t *testing.T) {
 	assert.Equal(t, 40*mib, done)
 }
 
+func TestLargeHandles(t *testing.T) {
+	// 20 MiB pages; [6, 100) MiB mapped as
+	// [6, 20) [20, 40) [40, 56) [56, 60) [60, 80) [80, 100).
+	_, s, _ := newSeg(t, 20*mib, 5, -1)
+	require.NoError(t, s.Map(6*mib, 50*mib))
+	require.NoError(t, s.Map(56*mib, 4*mib))
+	require.NoError(t, s.Map(60*mib, 40*mib))
+	tests := []struct {
+		name         string
+		off, n, size uint64 // bytes
+		lo, hi       uint64 // MiB, or none
+		none         bool
+	}{
+		{"pages over 16 MiB, whole range", 6 * mib, 94 * mib, 16 * mib, 20, 100, false},
+		{"handles between large ones come along", 30 * mib, 70 * mib, 16 * mib, 60, 100, false},
+		{"over 14 MiB from the start", 6 * mib, 50 * mib, 14 * mib, 20, 56, false},
+		{"over 13 MiB takes the odd head", 6 * mib, 50 * mib, 13 * mib, 6, 56, false},
+		{"none larger", 6 * mib, 94 * mib, 20 * mib, 0, 0, true},
+		{"only small whole handles", 50 * mib, 12 * mib, 3 * mib, 56, 60, false},
+		{"large handle cut by the range", 25 * mib, 30 * mib, 16 * mib, 0, 0, true},
+		{"empty", 20 * mib, 0, 0, 0, 0, true},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			lo, hi := s.LargeHandles(tt.off, tt.n, tt.size)
+			if tt.none {
+				assert.Equal(t, [2]uint64{tt.off, tt.off}, [2]uint64{lo, hi})
+				return
+			}
+			assert.Equal(t, [2]uint64{tt.lo * mib, tt.hi * mib}, [2]uint64{lo, hi})
+		})
+	}
+}
+
 // TestWholeHandlesMany checks WholeHandles over thousands of handles
 // against a brute-force answer.
 func TestWholeHandlesMany(t *testing.T) {
