@@ -469,6 +469,7 @@ func TestSetMemoryFraction(t *testing.T) {
 	p, err := a.Malloc(400<<20, 0)
 	require.NoError(t, err)
 	require.NoError(t, a.SetMemoryFraction(0.5))
+	assert.Equal(t, pressureLine(512<<20), a.pressureAt, "the pressure line follows the fraction")
 	_, err = a.Malloc(200<<20, 0)
 	var oom *OutOfMemoryError
 	require.ErrorAs(t, err, &oom)

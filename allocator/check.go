@@ -64,6 +64,9 @@ func (a *Allocator) check() error {
 	if err := a.heap.Check(); err != nil {
 		return fmt.Errorf("%w: %w", ErrCorrupt, err)
 	}
+	if a.pressureAt != pressureLine(a.allowed) {
+		return corrupt("pressure line %d bytes, want %d for %d bytes allowed", a.pressureAt, pressureLine(a.allowed), a.allowed)
+	}
 	h := a.heap
 	rc := recount{pools: map[*Pool]*stats.DeviceStats{}}
 	want := &rc.all
