@@ -351,6 +351,43 @@ func (a *Allocator) histHandOver(addr uintptr, size uint64, from, to backend.Str
 	a.hist.record(stats.TraceSegmentMap, addr, size, to, 0, pool)
 }
 
+// histSleep records pool p's handles given back by Sleep (sleeping) or
+// mapped again by Wake as PyTorch's viewer understands reserved memory:
+// segment_unmap or segment_map entries, one per run of adjacent handles
+// of one owner (stream), as growth and release record them. The blocks
+// stay allocated: their alloc entries stand. mu held.
+func (a *Allocator) histSleep(p *Pool, sl *poolSleep, sleeping bool) {
+	if a.hist == nil {
+		return
+	}
+	sign := int64(1)
+	if sleeping {
+		sign = -1
+	}
+	var (
+		start, end uintptr
+		owner      *streamState
+	)
+	flush := func() {
+		if end > start {
+			a.histReserve(false, start, sign*int64(end-start), owner)
+		}
+	}
+	for _, r := range sl.runs {
+		va := r.sg.base + uintptr(r.off)
+		var o *streamState
+		if id := a.heap.Find(va); id != arena.NoBlock {
+			o = a.ownerOf(id)
+		}
+		if va != end || o != owner {
+			flush()
+			start, owner = va, o
+		}
+		end = va + uintptr(r.size)
+	}
+	flush()
+}
+
 // histEmptyCache records a call of EmptyCache. mu held.
 func (a *Allocator) histEmptyCache() {
 	if a.hist != nil {
