@@ -242,15 +242,21 @@ func (p *Pool) Sleep(o SleepOptions) error {
 	a := p.a
 	a.mu.Lock()
 	defer a.unlock()
-	a.quiesceWaits()
-	if err := p.live(); err != nil {
-		return err
-	}
-	if sl := p.sleep; sl != nil && sl.state != Awake {
-		if sl.state == Sleeping || sl.state == Waking {
-			return fmt.Errorf("%w: pool %q is %s", ErrSleepInProgress, p.name, sl.state)
+	// The state is checked before quiesceWaits too, so that a Sleep or
+	// Wake during another one's driver calls is refused at once.
+	for q := 0; q < 2; q++ {
+		if err := p.live(); err != nil {
+			return err
 		}
-		return p.notAwake()
+		if sl := p.sleep; sl != nil && sl.state != Awake {
+			if sl.state == Sleeping || sl.state == Waking {
+				return fmt.Errorf("%w: pool %q is %s", ErrSleepInProgress, p.name, sl.state)
+			}
+			return p.notAwake()
+		}
+		if q == 0 {
+			a.quiesceWaits()
+		}
 	}
 	if !p.expandable {
 		return fmt.Errorf("%w: pool %q: sleep needs expandable segments", ErrInvalidPool, p.name)
@@ -529,16 +535,21 @@ func (p *Pool) Wake() error {
 	a := p.a
 	a.mu.Lock()
 	defer a.unlock()
-	a.quiesceWaits()
-	if err := p.live(); err != nil {
-		return err
-	}
-	sl := p.sleep
-	if sl == nil || sl.state == Awake {
-		return fmt.Errorf("%w: pool %q", ErrPoolAwake, p.name)
-	}
-	if sl.state != Asleep {
-		return fmt.Errorf("%w: pool %q is %s", ErrSleepInProgress, p.name, sl.state)
+	var sl *poolSleep
+	for q := 0; q < 2; q++ { // before and after quiesceWaits, as Sleep
+		if err := p.live(); err != nil {
+			return err
+		}
+		sl = p.sleep
+		if sl == nil || sl.state == Awake {
+			return fmt.Errorf("%w: pool %q", ErrPoolAwake, p.name)
+		}
+		if sl.state != Asleep {
+			return fmt.Errorf("%w: pool %q is %s", ErrSleepInProgress, p.name, sl.state)
+		}
+		if q == 0 {
+			a.quiesceWaits()
+		}
 	}
 	sl.state = Waking
 	err := a.wake(p, sl)

@@ -484,3 +484,101 @@ func TestSleepWakeConcurrent(t *testing.T) {
 	mustCheck(t, a, e)
 	assert.Zero(t, a.MemoryAllocated())
 }
+
+// TestSleepWakeDriverCallsWithoutLock holds one driver call of a Wake
+// (a handle creation, a map, a set access) or of a Sleep (an unmap) and
+// proves that meanwhile the allocator's mutex is free: a cache hit and a
+// free on another pool complete without a driver call, Stats and
+// SleepState answer (the pool is Waking or Sleeping), the pool's own
+// Malloc and a second Wake or Sleep are refused with typed errors. Then
+// the held call goes on, or fails: a failed Wake leaves the pool asleep,
+// a failed Sleep awake, with contents intact and nothing leaked.
+func TestSleepWakeDriverCallsWithoutLock(t *testing.T) {
+	type tc struct {
+		phase string
+		op    backend.Op
+	}
+	cases := []tc{{"wake", backend.OpCreate}, {"wake", backend.OpMap}, {"wake", backend.OpSetAccess}, {"sleep", backend.OpUnmap}}
+	for _, c := range cases {
+		for _, fail := range []bool{false, true} {
+			t.Run(fmt.Sprintf("%s/%v/fail=%v", c.phase, c.op, fail), func(t *testing.T) {
+				a, drv := newInterleave(t, "", emulated.WithRealMemory(), emulated.WithCapacity(256<<20))
+				s := a.DefaultStream()
+				host := newPinnedHost(drv)
+				p, err := a.NewPool(PoolOptions{Name: "rollout"})
+				require.NoError(t, err)
+				q, err := a.NewPool(PoolOptions{Name: "train"})
+				require.NoError(t, err)
+				x, err := p.Malloc(30<<20, 0)
+				require.NoError(t, err)
+				live := []patterned{fill(t, drv, s, x, 30<<20, 9)}
+				y, err := q.Malloc(1<<20, 0)
+				require.NoError(t, err)
+				require.NoError(t, a.Free(y)) // q's cache
+				opts := SleepOptions{Mode: Offload, Host: host}
+				if c.phase == "wake" {
+					require.NoError(t, p.Sleep(opts))
+				}
+				drv.hold(c.op, 1)
+				done := make(chan error, 1)
+				go func() {
+					if c.phase == "wake" {
+						done <- p.Wake()
+					} else {
+						done <- p.Sleep(opts)
+					}
+				}()
+				held := drv.next(t)
+
+				creates, maps := drv.Calls(backend.OpCreate), drv.Calls(backend.OpMap)
+				hit := make(chan error, 1)
+				go func() { // with mu held by the held call, this would block
+					z, err := q.Malloc(1<<20, 0)
+					if err == nil {
+						err = a.Free(z)
+					}
+					hit <- err
+				}()
+				require.NoError(t, recvGrow(t, hit, "a cache hit on another pool while the driver call is held"))
+				assert.Equal(t, creates, drv.Calls(backend.OpCreate))
+				assert.Equal(t, maps, drv.Calls(backend.OpMap))
+				want := Waking
+				if c.phase == "sleep" {
+					want = Sleeping
+				}
+				assert.Equal(t, want, p.SleepState())
+				assert.Positive(t, a.Stats().NumAllocRetries+1) // Stats answers
+				_, err = p.Malloc(4096, 0)
+				assert.ErrorIs(t, err, ErrPoolAsleep)
+				assert.ErrorIs(t, p.Wake(), ErrSleepInProgress)
+				assert.ErrorIs(t, p.Sleep(opts), ErrSleepInProgress)
+
+				var injected error
+				if fail {
+					injected = backend.Errorf(c.op, backend.ErrUnavailable, "", "injected")
+				}
+				held.goOn(injected)
+				err = recvGrow(t, done, c.phase)
+				switch {
+				case !fail:
+					require.NoError(t, err)
+				default:
+					require.ErrorIs(t, err, backend.ErrUnavailable)
+				}
+				wantState := map[string]SleepState{"wake": Awake, "sleep": Asleep}[c.phase]
+				if fail {
+					wantState = map[string]SleepState{"wake": Asleep, "sleep": Awake}[c.phase]
+				}
+				require.Equal(t, wantState, p.SleepState())
+				verifyQuiescent(t, a, drv)
+				if p.SleepState() == Asleep {
+					require.NoError(t, p.Wake())
+				}
+				verify(t, drv, s, live)
+				require.NoError(t, a.Free(x))
+				drainAll(t, a, drv, nil)
+				assert.Zero(t, host.Live())
+			})
+		}
+	}
+}
