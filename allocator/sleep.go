@@ -50,15 +50,27 @@ import (
 // out-of-memory ladder, Synchronize, ReleaseStream, reclaim) skip a pool
 // that is not awake (releasable, releaseBlock).
 //
-// Locking: Sleep and Wake hold Allocator.mu except in waitUnlocked
-// windows: the stream synchronizes, the backup copies (with the pinned
-// allocations and the Unmapped reports), the restore copies (with the
-// Mapped reports) and the frees of pinned buffers. The unmaps and
-// FreePhysical calls of Sleep and the creates, maps and SetAccess of Wake
-// are made with mu held, as a classic growth's are. Both start with
-// quiesceWaits, so no growth or release of the pool is in flight, and set
-// the state first, so no Malloc or RecordStream of the pool starts and no
-// release touches it while mu is dropped.
+// Locking: Sleep and Wake make their driver calls with Allocator.mu
+// dropped (waitUnlocked), as a growth does (mapGrowth): Sleep's stream
+// synchronizes, then one window with the pinned allocations, the backup
+// copies, the Unmapped reports, the unmaps (Segment.BeginUnmap under mu,
+// UnmapOp.Run without, EndUnmapKeep under mu again) and the FreePhysical
+// calls; Wake's one window with the creates, the maps and SetAccess
+// (Segment.BeginMapKept, KeptMap.Run, EndMapKept), the restore copies and
+// the Mapped reports, its bytes counted in mappingBytes and a ticket in
+// growths meanwhile; the frees of pinned buffers. So cache hits on other
+// pools and streams go on during a sleep or wake (TestSleepWakeDriver-
+// CallsWithoutLock). Both start with quiesceWaits, so no growth or
+// release of the pool is in flight, and set the state first, so no
+// Malloc or RecordStream of the pool starts, no release touches it and a
+// second Sleep or Wake of it is refused (ErrSleepInProgress) while mu is
+// dropped; the segments refuse any other map or unmap of the ranges in
+// flight. Rollbacks after a failed window (a sleep's handles mapped back)
+// run under mu, as a failed growth's do.
+//
+// Backups are per run of adjacent allocated blocks: one pinned buffer and
+// one copy each, whatever the number of tensors (a model's weights,
+// allocated one after another, are one run per segment).
 
 // SleepState is a pool's place in the sleep/wake state machine.
 type SleepState int32
