@@ -796,17 +796,18 @@ func (a *Allocator) wakeOOM(p *Pool, total uint64, cause error) error {
 	}
 	free, _, _ := a.drv.MemGetInfo(a.dev)
 	oom := &OutOfMemoryError{
-		Device:    a.dev,
-		Requested: total,
-		Tried:     total,
-		Total:     a.total,
-		Free:      free,
-		Allocated: uint64(a.st.AllocatedBytes[0].Current),
-		Reserved:  uint64(a.st.ReservedBytes[0].Current),
-		Stranded:  a.strandedBytes(),
-		Pool:      p.id,
-		PoolName:  p.name,
-		Cause:     cause,
+		Device:          a.dev,
+		Requested:       total,
+		Tried:           total,
+		Total:           a.total,
+		Free:            free,
+		Allocated:       uint64(a.st.AllocatedBytes[0].Current),
+		Reserved:        uint64(a.st.ReservedBytes[0].Current),
+		Stranded:        a.strandedBytes(),
+		AsleepAllocated: a.asleepAllocated(),
+		Pool:            p.id,
+		PoolName:        p.name,
+		Cause:           cause,
 	}
 	if a.allowed < a.total {
 		oom.Allowed = a.allowed
@@ -1160,4 +1161,16 @@ func (a *Allocator) checkBackups(p *Pool, sl *poolSleep) error {
 		}
 	}
 	return nil
+}
+
+// asleepAllocated is the bytes allocated in pools not awake (the
+// OutOfMemoryError's AsleepAllocated). mu held.
+func (a *Allocator) asleepAllocated() uint64 {
+	var n int64
+	for _, p := range a.pools {
+		if p != nil && p.asleep {
+			n += a.poolRec(p).AllocatedBytes[0].Current
+		}
+	}
+	return uint64(n)
 }

@@ -276,6 +276,11 @@ func TestSleepWakeOOM(t *testing.T) {
 	require.NoError(t, roll.Sleep(SleepOptions{Mode: Offload, Host: host}))
 	g, err := train.Malloc(80<<20, 0)
 	require.NoError(t, err, "the sleeping pool's memory is free at once")
+	_, err = train.Malloc(60<<20, 0)
+	require.ErrorAs(t, err, &oom)
+	assert.Equal(t, uint64(80<<20), oom.AsleepAllocated, "the rollout pool's weights are allocated, not mapped")
+	assert.Contains(t, oom.Error(), "80 MiB of the allocated memory is in pools asleep")
+	assert.Contains(t, oom.Error(), "0 B is reserved by vmmalloc but unallocated", "reserved minus the mapped allocations")
 
 	err = roll.Wake()
 	require.ErrorAs(t, err, &oom)
