@@ -393,6 +393,8 @@ type ReplayOptions struct {
 	// Used reports the device memory in use (e.g. total − free from the
 	// driver's MemGetInfo).
 	Used func() (uint64, error)
+	// AfterOp, if set, is called after every operation that succeeded.
+	AfterOp func(i int, op Op)
 }
 
 // Replay runs ops on a, in three new pools named as the scenario's, and
@@ -513,6 +515,9 @@ func Replay(a *allocator.Allocator, c backend.Copier, ops []Op, o ReplayOptions)
 		}
 		if err == nil {
 			err = observe()
+		}
+		if err == nil && o.AfterOp != nil {
+			o.AfterOp(i, op)
 		}
 		if err != nil {
 			return r, fmt.Errorf("rl: op %d (%s): %w", i+1, kindNames[op.Kind], err)
