@@ -260,7 +260,7 @@ func benchSleepWake(b *testing.B, shape sleepBenchShape, keep bool) {
 // (model_µs) and the driver calls per GiB a sleep of it makes (one unmap
 // and one free per handle).
 func BenchmarkWakeDiscard(b *testing.B) {
-	for _, mb := range []int{2, 20, 64, 512} {
+	for _, mb := range []int{20, 64, 512} {
 		b.Run(fmt.Sprintf("handle=%dMiB", mb), func(b *testing.B) {
 			e, _ := emulated.New(emulated.WithCapacity(4 << 30))
 			conf, err := allocator.ParseConfig(fmt.Sprintf("expandable_handle_mb:%d", mb))

@@ -158,8 +158,8 @@ func TestReplayRealMemory(t *testing.T) {
 
 // BenchmarkRLColocation replays the scenario at 1/64 of its size (a 256
 // MiB device) over real memory, keeping pinned buffers or not, and
-// reports per step the sleep and wake time and the peak device and host
-// bytes.
+// reports the sleep and wake time, the peak device and host bytes, and
+// the backups held while the rollout runs.
 func BenchmarkRLColocation(b *testing.B) {
 	for _, keep := range []bool{true, false} {
 		name := "keep=false"
@@ -198,6 +198,9 @@ func BenchmarkRLColocation(b *testing.B) {
 			b.ReportMetric(float64(r.WakeTime.Microseconds())/float64(r.Wakes), "µs/wake")
 			b.ReportMetric(float64(r.PeakDevice)/float64(cfg.Device), "peak/device")
 			b.ReportMetric(float64(r.PeakHost)/(1<<20), "peak_host_MiB")
+			// Backups held while the rollout runs (the trainer's state,
+			// plus the weights' kept buffers with keep=true).
+			b.ReportMetric(float64(r.HostAfterStep[len(r.HostAfterStep)-1])/(1<<20), "host_in_rollout_MiB")
 		})
 	}
 }
