@@ -23,10 +23,14 @@ type Allocator struct {
 	dev     int
 	total   uint64 // device capacity, nbytes
 	gran    uint64 // driver MINIMUM granularity: the unit of mapping, nbytes
-	allowed uint64 // reserved-memory cap from the memory fraction, nbytes
+	allowed uint64 // reserved-memory cap from the memory fraction (SetMemoryFraction), nbytes; mu
 	// plainRound: no roundup_power2_divisions bucket above 1, so
 	// roundSize is rounding up to 512 bytes. Set by New.
 	plainRound bool
+	// oversize is the block size from which an allocation counts in
+	// oversize_allocations: max_split_size_mb, or math.MaxUint64 when it
+	// is unset (one compare on the cache hit). Set by New.
+	oversize uint64
 	// maxBlock is the largest rounded request one segment can hold, nbytes
 	// (maxBlockSize): 32 TiB at 2 MiB granules, so only devices of tens of
 	// TiB and more come near it. Set by New.
@@ -209,6 +213,12 @@ const (
 	largeIdx = 1
 )
 
+// classKind is the statistics pool kind of size class idx
+// (sizeClass.kind without the load).
+func classKind(idx uint8) stats.PoolKind {
+	return stats.SmallPool + stats.PoolKind(idx)
+}
+
 // New creates an allocator for cfg.Device over drv. It creates the
 // device's default stream (used when Malloc is given stream 0).
 func New(drv backend.Driver, cfg Config) (*Allocator, error) {
@@ -277,18 +287,17 @@ func New(drv backend.Driver, cfg Config) (*Allocator, error) {
 	if cfg.PerProcessMemoryFraction < 1 {
 		a.allowed = uint64(cfg.PerProcessMemoryFraction * float64(total))
 	}
+	a.oversize = math.MaxUint64
 	if cfg.MaxSplitSize != 0 {
 		a.st.MaxSplitSize = int64(cfg.MaxSplitSize)
+		a.oversize = cfg.MaxSplitSize
 	} else {
 		a.st.MaxSplitSize = math.MaxInt64
 	}
 	for i, ps := range []uint64{cfg.SmallSegmentSize, cfg.LargeSegmentSize} {
 		cl := &a.classes[i]
 		cl.idx = i
-		cl.kind = stats.SmallPool
-		if i == largeIdx {
-			cl.kind = stats.LargePool
-		}
+		cl.kind = classKind(uint8(i))
 		cl.pageSize = ps
 		cl.handleSize = ps
 		if i == largeIdx {
@@ -644,11 +653,12 @@ func (a *Allocator) allocFound(ss *streamState, cl *sizeClass, b arena.BlockID, 
 // of size bytes. mu held.
 func (a *Allocator) countAlloc(ss *streamState, cl *sizeClass, bsize, size uint64) {
 	ss.active++
-	a.st.CountMalloc(cl.kind, int64(bsize), int64(size))
 	if a.pooled {
-		ss.pool.st.CountMalloc(cl.kind, int64(bsize), int64(size))
+		stats.CountMallocBoth(&a.st, &ss.pool.st, cl.kind, int64(bsize), int64(size))
+	} else {
+		a.st.CountMalloc(cl.kind, int64(bsize), int64(size))
 	}
-	if a.cfg.MaxSplitSize != 0 && bsize >= a.cfg.MaxSplitSize {
+	if bsize >= a.oversize {
 		for _, st := range a.statsOf(ss.pool) {
 			st.OversizeAllocations.Add(1)
 		}
@@ -689,16 +699,15 @@ func (a *Allocator) releaseIdleUnlock() error {
 // countFree counts the free of Allocated block pk (no events; the heap
 // has freed it) and returns its stream's state. mu held.
 func (a *Allocator) countFree(pk arena.Freed) *streamState {
-	ss := a.lastS // usually the stream just used
-	if ss == nil || ss.sid != pk.Stream {
-		ss = a.states[pk.Stream]
-	}
-	kind := a.classes[pk.Pool].kind
+	// No guess from lastS: a private pool's owner is never lastS, and
+	// the index costs what the guess does.
+	ss := a.states[pk.Stream]
+	kind := classKind(pk.Pool)
 	a.st.CountFree(kind, int64(pk.Size), int64(pk.Requested))
 	if a.pooled {
 		ss.pool.st.CountFree(kind, int64(pk.Size), int64(pk.Requested))
 	}
-	if a.cfg.MaxSplitSize != 0 && pk.Size >= a.cfg.MaxSplitSize {
+	if pk.Size >= a.oversize {
 		for _, st := range a.statsOf(ss.pool) {
 			st.OversizeAllocations.Add(-1)
 		}
@@ -742,9 +751,7 @@ func (a *Allocator) freeSlow(ptr uintptr) error {
 	owner.frees++
 	cl := &a.classes[pk.Pool]
 	for _, st := range a.statsOf(owner.pool) {
-		st.Allocation.Dec(cl.kind, 1)
-		st.AllocatedBytes.Dec(cl.kind, int64(pk.Size))
-		if a.cfg.MaxSplitSize != 0 && pk.Size >= a.cfg.MaxSplitSize {
+		if pk.Size >= a.oversize {
 			st.OversizeAllocations.Add(-1)
 		}
 	}
@@ -752,10 +759,13 @@ func (a *Allocator) freeSlow(ptr uintptr) error {
 		if err := a.heap.MarkPending(b); err != nil {
 			return fmt.Errorf("%w: %w", ErrCorrupt, err)
 		}
+		for _, st := range a.statsOf(owner.pool) {
+			st.CountPending(cl.kind, int64(pk.Size))
+		}
 		a.pending++
 		return nil
 	}
-	return a.freeBlockPeek(b, pk)
+	return a.freeBlockPeek(b, pk, false)
 }
 
 // badPointer classifies a pointer that is not a live allocation. mu held.
@@ -800,18 +810,20 @@ func (a *Allocator) segAt(ptr uintptr) *seg {
 	return nil
 }
 
-// freeBlock makes an Allocated or PendingFree block free; the heap
+// freeBlock makes a PendingFree block free, its events done; the heap
 // coalesces it with free neighbours of the same stream. mu held.
 func (a *Allocator) freeBlock(b arena.BlockID) error {
 	info, ok := a.heap.Peek(b)
 	if !ok {
 		return fmt.Errorf("%w: free of unknown block %d", ErrCorrupt, b)
 	}
-	return a.freeBlockPeek(b, info)
+	return a.freeBlockPeek(b, info, true)
 }
 
-// freeBlockPeek is freeBlock given what the heap says of b. mu held.
-func (a *Allocator) freeBlockPeek(b arena.BlockID, info arena.Peek) error {
+// freeBlockPeek makes block b free given what the heap says of it: an
+// Allocated block, or (pending) a PendingFree one whose Allocation was
+// counted down by Free already. mu held.
+func (a *Allocator) freeBlockPeek(b arena.BlockID, info arena.Peek, pending bool) error {
 	ss := a.lastS // usually the stream just used
 	if ss == nil || ss.sid != info.Stream {
 		ss = a.states[info.Stream]
@@ -823,9 +835,11 @@ func (a *Allocator) freeBlockPeek(b arena.BlockID, info arena.Peek) error {
 	ss.idle = false
 	ss.active--
 	for _, st := range a.statsOf(ss.pool) {
-		st.Active.Dec(cl.kind, 1)
-		st.ActiveBytes.Dec(cl.kind, int64(info.Size))
-		st.RequestedBytes.Dec(cl.kind, int64(info.Requested))
+		if pending {
+			st.CountPendingFreed(cl.kind, int64(info.Size), int64(info.Requested))
+		} else {
+			st.CountFree(cl.kind, int64(info.Size), int64(info.Requested))
+		}
 	}
 	if ss.idleOwner {
 		_ = a.releaseIdle(ss)
@@ -952,6 +966,28 @@ func (a *Allocator) MemoryReserved() uint64 {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	return uint64(a.st.ReservedBytes[stats.AllPools].Current)
+}
+
+// SetMemoryFraction caps the memory the allocator may map at fraction of
+// the device total from now on (torch.cuda.set_per_process_memory_fraction,
+// and the per_process_memory_fraction key at New). Memory already mapped
+// above a lower cap stays mapped until freed and released; growth past the
+// cap fails with an *OutOfMemoryError. A fraction outside (0,1] is an error
+// wrapping ErrInvalidConfig and changes nothing.
+func (a *Allocator) SetMemoryFraction(fraction float64) error {
+	if !(fraction > 0 && fraction <= 1) {
+		return fmt.Errorf("%w: memory fraction %v outside (0,1]", ErrInvalidConfig, fraction)
+	}
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.closed {
+		return ErrClosed
+	}
+	a.allowed = a.total
+	if fraction < 1 {
+		a.allowed = uint64(fraction * float64(a.total))
+	}
+	return nil
 }
 
 // Close synchronises, unmaps and releases everything the allocator holds,

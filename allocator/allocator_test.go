@@ -3,6 +3,7 @@ package allocator
 import (
 	"errors"
 	"fmt"
+	"math"
 	"math/rand/v2"
 	"strings"
 	"sync"
@@ -458,6 +459,29 @@ func TestMemoryFraction(t *testing.T) {
 	assert.Contains(t, err.Error(), "512 MiB allowed")
 	mustCheck(t, a, e)
 	require.NoError(t, a.Free(p))
+}
+
+func TestSetMemoryFraction(t *testing.T) {
+	a, e := newAlloc(t, "", emulated.WithCapacity(1*gib))
+	for _, bad := range []float64{0, -0.5, 1.5, math.NaN()} {
+		require.ErrorIs(t, a.SetMemoryFraction(bad), ErrInvalidConfig, "fraction %v", bad)
+	}
+	p, err := a.Malloc(400<<20, 0)
+	require.NoError(t, err)
+	require.NoError(t, a.SetMemoryFraction(0.5))
+	_, err = a.Malloc(200<<20, 0)
+	var oom *OutOfMemoryError
+	require.ErrorAs(t, err, &oom)
+	assert.Equal(t, uint64(512<<20), oom.Allowed)
+	mustCheck(t, a, e)
+	require.NoError(t, a.SetMemoryFraction(1)) // lifted: the same request fits
+	q, err := a.Malloc(200<<20, 0)
+	require.NoError(t, err)
+	mustCheck(t, a, e)
+	require.NoError(t, a.Free(q))
+	require.NoError(t, a.Free(p))
+	require.NoError(t, a.Close())
+	require.ErrorIs(t, a.SetMemoryFraction(0.5), ErrClosed)
 }
 
 func TestMapFaultRollsBack(t *testing.T) {

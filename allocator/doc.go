@@ -214,41 +214,64 @@
 // history takes arena.Heap.AllocFit (best fit, the max_split_size rules
 // as bounds from fitLimits, split); Free with no RecordStream'd block and
 // no history takes arena.Heap.FreeAt (lookup, free, merge) unless the
-// block has events. The five hot statistics move together, and store
-// only what cannot be derived later (stats.HotCounters: a malloc stores
-// the pool's Current and Allocated and the aggregate's Current and
-// compares each Peak, a free stores the two Currents); Stats derives the
-// pools' Freed and the aggregate's Allocated and Freed when it copies the
-// record, and Check compares Current and Peak, which are always exact.
-// FreeAt's result has four fields, so that it stays in registers. Anything
-// else, including every error, goes to the general path (mallocSlow,
-// freeSlow), which does what Malloc and Free always did.
+// block has events. AllocFit keeps, per free index, the last block it
+// split in place (arena's fitMemo): while nothing but that block's own
+// split and merge back has changed the index, the next request of the
+// same size takes it again without a search, so the cycle of a cache hit
+// searches once; the heap's results are those of the search, always
+// (arena.Heap.Check verifies a memo that claims to be valid). The five
+// hot statistics store only what cannot be derived later
+// (stats.HotCounters): a malloc stores Current and Allocated of
+// Allocation, AllocatedBytes and RequestedBytes for the size class and
+// their aggregate's Current, and compares each Peak; Active and
+// ActiveBytes are Allocation and AllocatedBytes plus the blocks pending
+// free, which only the general path moves, so the cache hit stores only
+// their peaks, and only when Allocation's peak moves; a free stores the
+// three Currents. Stats derives the rest when it copies the record, and
+// Check compares Current and Peak, which are always exact. FreeAt's
+// result has four fields, so that it stays in registers. Anything else,
+// including every error, goes to the general path (mallocSlow, freeSlow),
+// which does what Malloc and Free always did.
 //
 // What a cache-hit pair costs, in instructions of vmmalloc code per
 // Malloc+Free (valgrind --tool=cachegrind --cache-sim=no on the test
-// binary of ./benchmarks, -test.bench 'MallocFree$/live=100$'
-// -test.benchtime 1000000x): 1,038 with every statistic stored eagerly,
-// 995 with HotCounters, 956 with FreeAt's four-field result. Per call of
-// the warm replay of cs336_ctx128_fullstep (-bench 'WarmReplay/ids=dense',
-// 60 passes less 10, 13,542 calls a pass): 694, 673, 650. Wall time on
-// the shared 2-core machine, medians of 5 runs interleaved with the code
-// before this round: MallocFree 120, 109, 126 and 133 ns with 0, 10²,
-// 10⁴ and 10⁶ live blocks (before: 147, 125, 147, 149); the warm replay
-// 92.5 ns per call with dense ids (before: 119), 154 ns through a Go map
-// of ids (before: 166); the machine was busier than for earlier figures,
-// and wall time moved more than the instructions (−8%) explain, so the
-// counts are the measure. What remains per pair: the lock's two atomic
-// round trips, the treap's best fit and split, the address table, and a
-// dozen calls (Go keeps no register across a call, so each spills and
-// reloads what is live).
+// binary of ./benchmarks, -test.bench '^BenchmarkMallocFree$/^live=100$'
+// -test.benchtime 1000000x, run with GODEBUG=cpu.rdtscp=off, as valgrind
+// 3.19 does not know RDTSCP; functions of this repository's files): 1,038
+// with every statistic stored eagerly, 995 with HotCounters, 956 with
+// FreeAt's four-field result, 905 just before pools, 912 with them (906
+// measured again in this round), 869 with Active derived, 722 with the
+// best-fit memo. Per call of the warm
+// replay of cs336_ctx128_fullstep (-bench 'WarmReplay/ids=dense', 60
+// passes less 10, 13,542 calls a pass): 694, 673, 650, then 641 with
+// pools and 643 now: the replay's calls rarely free and reallocate one
+// size with nothing in between, so the memo seldom serves it, and what it
+// costs there the derived statistics save. What remains per pair: the
+// lock's two atomic round trips, the split and the merge back, the
+// address table, and a dozen calls (Go keeps no register across a call,
+// so each spills and reloads what is live).
 //
 // Pools (pool.go) cost the default pool's cache hit one flag test per
-// Malloc and per Free (Allocator.pooled) and the load of the owner's pool
-// where classic-mode rules are read: 912 instructions per pair against 905
-// before pools (same cachegrind command). A cache hit inside a private
+// Malloc and per Free (Allocator.pooled). A cache hit inside a private
 // pool (Pool.Malloc, BenchmarkPoolMallocFree/live=100) counts two records,
-// the pool's and the aggregate's: 1,043 instructions per pair, 0
-// allocations.
+// the pool's and the aggregate's, in one call (stats.CountMallocBoth):
+// 1,043 instructions per pair with each record counted in full (1,036
+// measured again), 950 with
+// Active derived and the two counted together, 803 with the best-fit
+// memo (same command), 0 allocations; within 5% of the 905 before pools.
+//
+// A front cache that does not coalesce, per stream and exact size (a
+// freed block parked, handed to the next request of its size, and
+// coalesced into the heap before any other call: growth, release,
+// defragmentation, Stats, Check), was measured and not taken: it changes
+// which block a request gets. Replaying the shared traces with each
+// cache-served Malloc compared with what the heap picks, the parked
+// block of that size is the heap's pick in 45% of them (LIFO; 22% taking
+// the lowest address) on cs336_ctx128_fullstep; a prototype moved its
+// driver calls by +8.3% and min capacity by +0.9%, min capacity of
+// cs336_small_forward_bf16 by +2.3%, and in classic mode that of
+// opt125m_zeroth_order_finetune by +8.2%, where results must stay within
+// 0.1%.
 //
 // # Mechanism and policy
 //

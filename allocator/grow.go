@@ -71,7 +71,7 @@ func (a *Allocator) limitOOM(p *Pool, cl *sizeClass, rounded, size uint64) error
 // pending events and release every free handle and segment → retry → a
 // typed OutOfMemoryError. It returns a free block of ss. mu held.
 func (a *Allocator) allocSlow(ss *streamState, cl *sizeClass, rounded, size uint64) (arena.BlockID, error) {
-	if thr := a.cfg.GarbageCollectionThreshold; thr > 0 && a.cfg.PerProcessMemoryFraction < 1 {
+	if thr := a.cfg.GarbageCollectionThreshold; thr > 0 && a.allowed < a.total {
 		limit := uint64(thr * float64(a.allowed))
 		if uint64(a.st.ReservedBytes[0].Current) > limit {
 			_ = a.releaseUntil(limit) // best effort; growth below reports real failures
@@ -684,12 +684,10 @@ func (a *Allocator) dropSeg(sg *seg, mapped uint64) {
 		n := int64(b.Size)
 		for _, st := range a.statsOf(o.pool) {
 			if b.State == arena.Allocated {
-				st.Allocation.Add(cl.kind, -1)
-				st.AllocatedBytes.Add(cl.kind, -n)
+				st.CountFree(cl.kind, n, int64(b.Requested))
+			} else {
+				st.CountPendingFreed(cl.kind, n, int64(b.Requested))
 			}
-			st.Active.Add(cl.kind, -1)
-			st.ActiveBytes.Add(cl.kind, -n)
-			st.RequestedBytes.Add(cl.kind, -int64(b.Requested))
 		}
 	}
 	_ = h.RemoveRegion(sg.rid) // no block is in transition: the lock is held throughout

@@ -306,7 +306,7 @@ func (p *Pool) live() error {
 // pointer with Allocator.Free.
 func (p *Pool) Malloc(size uint64, stream backend.Stream) (uintptr, error) {
 	a := p.a
-	if p == &a.def {
+	if p.slot == 0 { // the default pool
 		return a.Malloc(size, stream)
 	}
 	a.mu.Lock()
@@ -523,8 +523,8 @@ func (p *Pool) Close() error {
 	if p.asleep {
 		return fmt.Errorf("%w: wake it before Close", p.notAwake())
 	}
-	if n := p.st.Active[stats.AllPools].Current; n > 0 {
-		return fmt.Errorf("%w: pool %q has %d allocations (%d bytes) not yet freed", ErrPoolBusy, p.name, n, p.st.ActiveBytes[stats.AllPools].Current)
+	if n, bytes := p.st.ActiveNow(stats.AllPools); n > 0 {
+		return fmt.Errorf("%w: pool %q has %d allocations (%d bytes) not yet freed", ErrPoolBusy, p.name, n, bytes)
 	}
 	if len(a.vanished) > 0 {
 		// Memory of streams destroyed without ReleaseStream waits for a

@@ -664,7 +664,8 @@ func (a *Allocator) Synchronize(stream backend.Stream) error {
 	if a.cfg.ReleaseThreshold == ^uint64(0) {
 		return nil
 	}
-	cached := uint64(a.st.ReservedBytes[0].Current - a.st.ActiveBytes[0].Current)
+	_, active := a.st.ActiveNow(0)
+	cached := uint64(a.st.ReservedBytes[0].Current - active)
 	if cached <= a.cfg.ReleaseThreshold {
 		return nil
 	}

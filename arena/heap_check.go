@@ -218,5 +218,19 @@ func (h *Heap) checkIndex(l *tlsfIndex, sid StreamID, pool uint8) error {
 	if n != int(l.n) || sum != l.bytes {
 		return corrupt("stream %d pool %d: index counts %d blocks of %d bytes, holds %d of %d", sid, pool, l.n, l.bytes, n, sum)
 	}
+	// A memo that AllocFit would use must say what a search says.
+	if m := l.memo; m.n > 0 {
+		if id, b := h.memoFit(l, m.n); id != NoBlock {
+			if got := h.bestFit(l, m.n); got != id {
+				return corrupt("stream %d pool %d: the best-fit memo for %d bytes names block %d, the search %d", sid, pool, m.n, id, got)
+			}
+			if b.state != Free || b.stream != sid {
+				return corrupt("stream %d pool %d: the best-fit memo names a %s block of stream %d", sid, pool, b.state, b.stream)
+			}
+			if m.size <= m.n || !h.fitsSlotSmaller(id, b, m.size-m.n, b.addr+uintptr(m.n)) {
+				return corrupt("stream %d pool %d: the best-fit memo of %d bytes names a block of %d whose split does not fit its slot", sid, pool, m.n, m.size)
+			}
+		}
+	}
 	return nil
 }

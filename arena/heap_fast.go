@@ -6,9 +6,12 @@ package arena
 // common split-then-merge-back cycle no class treap changes shape: the
 // free block being split keeps its record (and its treap slot, when its
 // new key still orders there) and the allocated piece gets a fresh record
-// below it; freeing that piece merges it back into the same record.
-// Both refuse, changing nothing, whatever they cannot do cheaply; the
-// owner then takes its general path, which reports errors.
+// below it; freeing that piece merges it back into the same record. And
+// the index remembers the block it split (fitMemo), so that the next
+// request of the same size, with nothing else changed in between, takes
+// it without a search. Both refuse, changing nothing, whatever they
+// cannot do cheaply; the owner then takes its general path, which reports
+// errors.
 
 // AllocFit hands out n bytes (0 < requested ≤ n) of the best free block
 // of stream sid in pool for n bytes: BestFit then Alloc in one step, for
@@ -33,11 +36,14 @@ func (h *Heap) AllocFit(sid StreamID, pool uint8, n, requested, maxSize, minSpli
 		return NoBlock, 0, 0 // also stream slot 0, whose free is nil
 	}
 	l := &free[pool]
-	id := h.bestFit(l, n)
-	if id == NoBlock {
-		return NoBlock, 0, 0
+	id, b := h.memoFit(l, n)
+	memoHit := id != NoBlock
+	if !memoHit {
+		if id = h.bestFit(l, n); id == NoBlock {
+			return NoBlock, 0, 0
+		}
+		b = h.rec(id)
 	}
-	b := h.rec(id)
 	size := b.size
 	if size > maxSize {
 		return NoBlock, 0, 0
@@ -59,7 +65,13 @@ func (h *Heap) AllocFit(sid StreamID, pool uint8, n, requested, maxSize, minSpli
 		h.leave(b)
 	}
 	addr := b.addr
-	inPlace := h.fitsSlotSmaller(id, b, size-n, addr+uintptr(n))
+	inPlace := memoHit // a memo is kept only for a split in place
+	if !memoHit {
+		if inPlace = h.fitsSlotSmaller(id, b, size-n, addr+uintptr(n)); inPlace {
+			m := &l.memo // field by field: no zeroing
+			m.ver, m.id, m.n, m.size = l.ver, id, n, size
+		}
+	}
 	if !inPlace {
 		h.remove(l, id, b)
 	}
@@ -170,7 +182,16 @@ func (h *Heap) mergeFreed(id BlockID, b *block) {
 		h.leave(nx)
 	}
 	size := nx.size + b.size
-	if h.fitsSlotLarger(nid, nx, size, b.addr) {
+	// Merging back to the memo's key restores the index it was kept for,
+	// where that key stood in this slot.
+	m := &l.memo
+	fits := nid == m.id && m.ver == l.ver && size == m.size
+	if !fits {
+		if fits = h.fitsSlotLarger(nid, nx, size, b.addr); fits && nid != m.id {
+			l.ver++ // another block's key changes in place
+		}
+	}
+	if fits {
 		l.bytes += b.size
 		h.absorbBelow(nid, nx, id, b, prev)
 	} else {

@@ -3,6 +3,7 @@ package arena
 import (
 	"fmt"
 	"math"
+	"math/rand/v2"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -108,6 +109,70 @@ func TestHeapFastPathsRefuseBadInput(t *testing.T) {
 		assert.Equal(t, before, dumpHeap(h), "%s changed the heap", c.name)
 	}
 	require.NoError(t, h.Check())
+}
+
+// The best-fit memo of AllocFit must hand out exactly what a search would,
+// through split-then-merge-back cycles mixed with the general path's
+// Alloc and Free, which change the index behind it. Each AllocFit is
+// compared with BestFit just before it, and Check (which verifies a memo
+// that claims to be valid) runs after every step.
+func TestHeapAllocFitMemoIsBestFit(t *testing.T) {
+	for seed := uint64(1); seed <= 6; seed++ {
+		t.Run(fmt.Sprint(seed), func(t *testing.T) {
+			r := rand.New(rand.NewPCG(seed, 19))
+			h, s1, _ := buildLayout(t, 512, []piece{{3, false}, {5, true}, {2, false}, {9, true}, {1, false}, {4, true}, {6, false}})
+			sizes := []uint64{unit, 2 * unit, 4 * unit, 4 * unit, 4 * unit, 7 * unit}
+			var live []uintptr
+			hits := 0
+			n := sizes[0]
+			for step := 0; step < 3000; step++ {
+				switch op := r.IntN(10); {
+				case op < 2 && len(live) > 0: // free the block just allocated: the cycle of a cache hit
+					_, ok := h.FreeAt(live[len(live)-1])
+					require.True(t, ok, "step %d", step)
+					live = live[:len(live)-1]
+				case op < 6 || len(live) == 0: // the cache-hit Malloc, often of the last size
+					if r.IntN(3) == 0 {
+						n = sizes[r.IntN(len(sizes))]
+					}
+					want := h.BestFit(s1, 0, n)
+					wantAddr := h.Addr(want) // AllocFit moves a split block's record up
+					if id, _ := h.memoFit(&h.streams[s1].free[0], n); id != NoBlock {
+						hits++
+						require.Equal(t, want, id, "step %d: the memo is not the best fit", step)
+					}
+					id, addr, _ := h.AllocFit(s1, 0, n, n, math.MaxUint64, unit)
+					if want == NoBlock {
+						require.Equal(t, NoBlock, id, "step %d", step)
+						continue
+					}
+					require.NotEqual(t, NoBlock, id, "step %d", step)
+					require.Equal(t, wantAddr, addr, "step %d: AllocFit and BestFit differ", step)
+					live = append(live, addr)
+				case op < 9: // the cache-hit Free, most recent first half the time
+					j := len(live) - 1
+					if r.IntN(2) == 0 {
+						j = r.IntN(len(live))
+					}
+					_, ok := h.FreeAt(live[j])
+					require.True(t, ok, "step %d", step)
+					live = append(live[:j], live[j+1:]...)
+				default: // the general path: Free through Lookup, Alloc of a best fit
+					if r.IntN(2) == 0 {
+						j := r.IntN(len(live))
+						_, err := h.Free(h.Lookup(live[j]))
+						require.NoError(t, err)
+						live = append(live[:j], live[j+1:]...)
+					} else if id := h.BestFit(s1, 0, 3*unit); id != NoBlock {
+						require.NoError(t, h.Alloc(id, 3*unit, 3*unit))
+						live = append(live, h.Addr(id))
+					}
+				}
+				require.NoError(t, h.Check(), "step %d", step)
+			}
+			assert.Greater(t, hits, 10, "the memo served few AllocFits: the test no longer exercises it")
+		})
+	}
 }
 
 // dumpHeap renders every block of h.

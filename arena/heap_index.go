@@ -34,6 +34,41 @@ type tlsfIndex struct {
 	n      int32       // blocks in the index
 	empty  uint8       // groups without a block (slMap 0)
 	pos    [64]uint8   // pos[f]: 1 + the index in groups of first level f's group; 0 when it has none
+	// ver counts the changes of the index's content (its blocks' keys),
+	// but for the in-place splits and merges of memo's block; 64 bits, so
+	// that it never wraps back to a stale memo's.
+	ver  uint64
+	memo fitMemo
+}
+
+// fitMemo is the last best fit that AllocFit split in place in an index,
+// kept so that the split-then-merge-back cycle of the cache hit does not
+// search again: while the index's ver is memo's and the block's size is
+// back to size, the index holds what it held then, so bestFit(n) is id
+// again, and splitting n off it fits its treap slot again. Only id's own
+// in-place splits (AllocFit) and merges (mergeFreed) leave ver alone, and
+// both keep the block's end address, so its size alone tells its key.
+// Every other change (insert, remove, replaceSlot, another block's
+// in-place merge) moves ver. Heap.Check verifies a memo that claims to be
+// valid.
+type fitMemo struct {
+	ver  uint64
+	id   BlockID // bestFit(l, n); NoBlock: none kept
+	n    uint64  // the request, nbytes
+	size uint64  // id's size then
+}
+
+// memoFit returns the kept best fit of l for n bytes if the memo is
+// valid; else NoBlock.
+func (h *Heap) memoFit(l *tlsfIndex, n uint64) (BlockID, *block) {
+	m := &l.memo
+	if m.ver != l.ver || m.n != n || m.id == NoBlock {
+		return NoBlock, nil
+	}
+	if b := h.rec(m.id); b.size == m.size {
+		return m.id, b
+	}
+	return NoBlock, nil
 }
 
 // maxEmptyGroups is the most empty groups an index keeps beyond as many
@@ -159,6 +194,7 @@ func (h *Heap) rotateUp(root *BlockID, id BlockID) {
 
 // insert adds free block id (in no index) to l.
 func (h *Heap) insert(l *tlsfIndex, id BlockID, b *block) {
+	l.ver++
 	c := classOf(b.size)
 	fl, sl := uint(c)/slCount&63, uint(c)%slCount
 	p := l.pos[fl]
@@ -212,6 +248,7 @@ func (h *Heap) insertNewGroup(l *tlsfIndex, id BlockID, b *block, fl uint) {
 
 // remove takes block id, whose size is that it was inserted with, out of l.
 func (h *Heap) remove(l *tlsfIndex, id BlockID, b *block) {
+	l.ver++
 	c := classOf(b.size)
 	fl, sl := uint(c)/slCount, uint(c)%slCount
 	g := l.group(fl)
@@ -362,6 +399,7 @@ func (h *Heap) fitsSlot(id BlockID, b *block, c int, size uint64, addr uintptr) 
 // (record b) place in its class treap c (the caller checked fitsSlot) and
 // takes bid out, without changing l's counts.
 func (h *Heap) replaceSlot(l *tlsfIndex, c int, bid BlockID, b *block, rid BlockID, r *block) {
+	l.ver++
 	root := l.root(c)
 	r.aux, r.prio = b.aux, b.prio
 	if x := r.left(); x != NoBlock {

@@ -287,6 +287,10 @@ func generatedSnapshot() []byte {
 		return map[string]any{"action": action, "addr": addr, "size": size, "stream": stream,
 			"time_us": t, "frames": []any{map[string]any{"filename": "train.py", "line": int64(7), "name": "step"}}}
 	}
+	withPool := func(e any, a, b int64) any {
+		e.(map[string]any)["pool_id"] = []any{a, b}
+		return e
+	}
 	return encodePickle(map[string]any{
 		"device_traces": []any{[]any{
 			entry("segment_alloc", 1<<20, 2<<20, 0, 1),
@@ -299,9 +303,14 @@ func generatedSnapshot() []byte {
 			entry("segment_map", 8<<20, 2<<20, 0, 8),
 			entry("segment_unmap", 8<<20, 2<<20, 0, 9),
 			entry("segment_free", 1<<20, 2<<20, 0, 10),
+			entry("alloc", 64<<20, 4096, 0, 11),                     // in the graph pool's segment below
+			withPool(entry("alloc", 64<<20+4096, 512, 0, 12), 1, 0), // the entry names its pool
+			entry("segment_unmap", 66<<20, 2<<20, 0, 13),
 		}},
 		"segments": []any{map[string]any{"device": int64(0), "total_size": int64(2 << 20),
-			"allocated_size": int64(4096), "blocks": []any{}}},
+			"allocated_size": int64(4096), "blocks": []any{}},
+			map[string]any{"device": int64(0), "address": int64(64 << 20), "total_size": int64(4 << 20),
+				"allocated_size": int64(4608), "blocks": []any{}, "segment_pool_id": []any{int64(1), int64(0)}}},
 		"allocator_settings": map[string]any{"expandable_segments": false},
 	})
 }
@@ -340,6 +349,13 @@ func traceSeedEvents(tb testing.TB) [][]trace.Event {
 			{Kind: trace.EmptyCache, ID: 4, Size: 5, TimeNs: math.MaxInt64},
 			{Kind: trace.Mark, ID: 2, TimeNs: math.MinInt64},
 			{Kind: trace.Free, ID: 9, Size: math.MaxUint64, Stream: math.MaxUint64},
+		},
+		{ // private pools: a CUDA graph's (1, 0), a MemPool's (0, 2)
+			{Kind: trace.Alloc, ID: 1, Size: 4096, TimeNs: 1, Pool: trace.PoolID{1, 0}},
+			{Kind: trace.Alloc, ID: 2, Size: 512, Stream: 1, TimeNs: 2},
+			{Kind: trace.Alloc, ID: 3, Size: 1 << 30, Stream: 1, TimeNs: 3, Pool: trace.PoolID{0, 2}},
+			{Kind: trace.Free, ID: 1, TimeNs: 4},
+			{Kind: trace.EmptyCache, Pool: trace.PoolID{math.MaxUint64, math.MaxUint64}},
 		},
 		nil,
 	}
@@ -465,6 +481,20 @@ func FuzzPyTorchSnapshot(f *testing.F) {
 		if got := tr.Allocs + tr.Frees + tr.DuplicateAllocs + tr.Releases; got != len(tr.Events) {
 			t.Fatalf("%d events, counts say %d", len(tr.Events), got)
 		}
+		private := map[trace.PoolID]int{}
+		for _, e := range tr.Events {
+			if !e.Pool.IsDefault() {
+				private[e.Pool]++
+			}
+		}
+		if len(private) != len(tr.PoolAllocs) || tr.AllocPoolIDs > tr.Allocs {
+			t.Fatalf("pools of the events %v, counted %v (%d allocs, %d with pool_id)", private, tr.PoolAllocs, tr.Allocs, tr.AllocPoolIDs)
+		}
+		for p, n := range private {
+			if tr.PoolAllocs[p] != n {
+				t.Fatalf("pool %v: %d alloc events, counted %d", p, n, tr.PoolAllocs[p])
+			}
+		}
 		s, err := trace.Summarize(tr.Reader())
 		if err != nil {
 			t.Fatalf("imported trace is invalid: %v", err)
@@ -561,7 +591,10 @@ func FuzzTextTrace(f *testing.F) {
 	}
 	f.Add([]byte(trace.TextHeader + "\r\n# name: a\r\n\n# comment\nalloc 1 8 # trailing\r\nfree 1 t=-3 s=2\nsync s=1\nempty_cache id=2 size=3\nmark 4\n"))
 	f.Add([]byte(trace.TextHeader + "\n# name: a\rb\nalloc 1 8\n"))
-	f.Add([]byte("# vmmalloc-trace v2\n"))
+	f.Add([]byte("# vmmalloc-trace v3\n"))
+	f.Add([]byte(trace.TextHeaderV1 + "\nalloc 1 8 s=1\nfree 1\n"))
+	f.Add([]byte(trace.TextHeaderV1 + "\nalloc 1 8 pool=1,0\n"))
+	f.Add([]byte(trace.TextHeader + "\nalloc 1 8 pool=1,0\nfree 1 pool=0,18446744073709551615\n"))
 	f.Fuzz(func(t *testing.T, data []byte) {
 		var err error
 		n := readerAllocated(func() {

@@ -22,7 +22,7 @@ func TestHotCountersSettleExact(t *testing.T) {
 				p      PoolKind
 				n, req int64
 			}
-			var live []blk
+			var live, pending []blk
 			for i := 0; i < 2000; i++ {
 				switch op := r.IntN(20); {
 				case op < 9 || len(live) == 0: // malloc
@@ -37,16 +37,23 @@ func TestHotCountersSettleExact(t *testing.T) {
 					live = append(live[:j], live[j+1:]...)
 					got.CountFree(b.p, b.n, b.req)
 					wantFree(&want, b.p, b.n, b.req)
-				case op == 17: // a slow-path free (eager Dec/Add on the hot arrays)
+				case op == 17 && len(pending) > 0 && r.IntN(2) == 0: // a pending free's events complete
+					j := r.IntN(len(pending))
+					b := pending[j]
+					pending = append(pending[:j], pending[j+1:]...)
+					got.CountPendingFreed(b.p, b.n, b.req)
+					want.Active.Dec(b.p, 1)
+					want.ActiveBytes.Dec(b.p, b.n)
+					want.RequestedBytes.Dec(b.p, b.req)
+				case op == 17: // a free pending on events (the slow path)
 					j := r.IntN(len(live))
 					b := live[j]
 					live = append(live[:j], live[j+1:]...)
+					pending = append(pending, b)
+					got.CountPending(b.p, b.n)
+					want.Allocation.Dec(b.p, 1)
+					want.AllocatedBytes.Dec(b.p, b.n)
 					for _, d := range []*DeviceStats{&got.DeviceStats, &want} {
-						d.Allocation.Dec(b.p, 1)
-						d.AllocatedBytes.Dec(b.p, b.n)
-						d.Active.Add(b.p, -1)
-						d.ActiveBytes.Add(b.p, -b.n)
-						d.RequestedBytes.Add(b.p, -b.req)
 						d.ReservedBytes.Add(b.p, b.n) // a cold array moves too
 					}
 				case op == 18:
@@ -56,12 +63,20 @@ func TestHotCountersSettleExact(t *testing.T) {
 					got.ResetAccumulated()
 					want.ResetAccumulated()
 				}
-				// Current and Peak are exact without settling.
-				for _, pair := range [][2]*StatArray{{&got.Allocation, &want.Allocation}, {&got.ActiveBytes, &want.ActiveBytes}} {
+				// Current and Peak are exact without settling (Active's
+				// Current through ActiveNow).
+				for _, pair := range [][2]*StatArray{{&got.Allocation, &want.Allocation}, {&got.AllocatedBytes, &want.AllocatedBytes}, {&got.Active, &want.Active}, {&got.ActiveBytes, &want.ActiveBytes}} {
 					for k := AllPools; k < NumPoolKinds; k++ {
-						require.Equal(t, pair[1][k].Current, pair[0][k].Current, "step %d", i)
+						if pair[0] != &got.Active && pair[0] != &got.ActiveBytes {
+							require.Equal(t, pair[1][k].Current, pair[0][k].Current, "step %d", i)
+						}
 						require.Equal(t, pair[1][k].Peak, pair[0][k].Peak, "step %d", i)
 					}
+				}
+				for k := AllPools; k < NumPoolKinds; k++ {
+					n, bytes := got.ActiveNow(k)
+					require.Equal(t, want.Active[k].Current, n, "step %d", i)
+					require.Equal(t, want.ActiveBytes[k].Current, bytes, "step %d", i)
 				}
 				if i%97 == 0 {
 					require.Equal(t, want, got.Settled(), "step %d", i)
@@ -128,4 +143,40 @@ func wantFree(d *DeviceStats, p PoolKind, n, req int64) {
 	d.AllocatedBytes.Dec(p, n)
 	d.ActiveBytes.Dec(p, n)
 	d.RequestedBytes.Dec(p, req)
+}
+
+// CountMallocBoth counts both records exactly as two CountMalloc calls do,
+// with and without blocks pending free.
+func TestCountMallocBothIsTwoCountMallocs(t *testing.T) {
+	r := rand.New(rand.NewPCG(3, 9))
+	var agg, own, aggWant, ownWant HotCounters
+	all := []*HotCounters{&agg, &own, &aggWant, &ownWant}
+	type blk struct {
+		p PoolKind
+		n int64
+	}
+	var pending []blk
+	for i := 0; i < 500; i++ {
+		b := blk{PoolKind(1 + r.IntN(2)), int64(512 * (1 + r.IntN(16)))}
+		switch op := r.IntN(4); {
+		case op == 0: // a block allocated and freed pending on events
+			for _, c := range all {
+				c.CountMalloc(b.p, b.n, b.n)
+				c.CountPending(b.p, b.n)
+			}
+			pending = append(pending, b)
+		case op == 1 && len(pending) > 0: // its events complete
+			b = pending[len(pending)-1]
+			pending = pending[:len(pending)-1]
+			for _, c := range all {
+				c.CountPendingFreed(b.p, b.n, b.n)
+			}
+		default:
+			CountMallocBoth(&agg, &own, b.p, b.n, b.n-1)
+			aggWant.CountMalloc(b.p, b.n, b.n-1)
+			ownWant.CountMalloc(b.p, b.n, b.n-1)
+		}
+		require.Equal(t, aggWant.Settled(), agg.Settled(), "step %d", i)
+		require.Equal(t, ownWant.Settled(), own.Settled(), "step %d", i)
+	}
 }

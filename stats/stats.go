@@ -28,12 +28,16 @@
 // An allocator's cache hit moves five StatArrays at once. HotCounters (a
 // DeviceStats with a little more state) lets it store fewer fields: a
 // malloc stores the pool's Current and Allocated and the aggregate's
-// Current, and compares each Peak (a store only on a new peak); a free
-// stores the two Currents only. The pools' Freed and the aggregate's
-// Allocated and Freed follow from the invariant above and from the
-// pools' values at the last ResetAccumulated, and HotCounters.Settled
-// derives them when the record is read. Current and Peak are exact at
-// all times, so policy code reads them directly.
+// Current of three of them, and compares each Peak (a store only on a new
+// peak); a free stores the three pairs of Currents only. Active and
+// ActiveBytes are the other two plus the blocks pending free, which only
+// slow paths move (CountPending, CountPendingFreed); their peaks are
+// compared only where Allocation's and AllocatedBytes' move. The pools'
+// Freed and the aggregate's Allocated and Freed follow from the invariant
+// above and from the pools' values at the last ResetAccumulated, and
+// HotCounters.Settled derives them when the record is read. Current and
+// Peak are exact at all times (Active's Current through ActiveNow), so
+// policy code reads them directly.
 //
 // The block states the counters follow are PyTorch's:
 //

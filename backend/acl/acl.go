@@ -96,6 +96,7 @@ type Driver struct {
 	resv     map[uintptr]uint64 // reservation base → size, nbytes
 	maps     []mapping          // ascending va, disjoint
 	streams  map[backend.Stream]int
+	adopted  map[backend.Stream]bool // streams adopted (adopt.go), never destroyed here
 	events   map[backend.Event]int
 	exported map[uint64]uint64        // shareable → size, nbytes
 	hosts    map[uintptr]*hostBlock   // MallocHost block start → block
@@ -752,9 +753,13 @@ func (d *Driver) Close() error {
 	}
 	clear(d.events)
 	for s, dev := range d.streams {
+		if d.adopted[s] {
+			continue // its owner's to destroy
+		}
 		keep(d.call(dev, d.lib.destroyStream, uintptr(s)), backend.OpStreamDestroy, "aclrtDestroyStream")
 	}
 	clear(d.streams)
+	clear(d.adopted)
 	for p := range d.regs {
 		keep(d.call(0, d.lib.hostUnregister, p), backend.OpHostUnregister, "aclrtHostUnregister")
 	}

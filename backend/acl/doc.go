@@ -25,7 +25,9 @@
 // the one named by the argument, or the device of the object it acts on
 // (handle, mapping, stream, event), which the binding remembers; calls that
 // name no device (address reservations, host memory) use the first visible
-// device. BenchmarkCall measures what this costs per call.
+// device. BenchmarkCall measures what this costs per call. Streams made by
+// someone else (torch_npu's) are used after AdoptStream, which takes their
+// device on trust (ACL cannot be asked) and never destroys them.
 //
 // # Bookkeeping
 //

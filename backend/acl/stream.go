@@ -23,6 +23,7 @@ func (d *Driver) StreamCreate(dev int) (backend.Stream, error) {
 		return 0, driverError(op, "aclrtCreateStream", c)
 	}
 	d.streams[backend.Stream(s)] = dev
+	delete(d.adopted, backend.Stream(s)) // an adopted stream destroyed without DisownStream
 	return backend.Stream(s), nil
 }
 
@@ -65,6 +66,9 @@ func (d *Driver) StreamDestroy(s backend.Stream) error {
 	dev, ok := d.streams[s]
 	if !ok {
 		return invalid(op, "", "unknown stream %#x", uint64(s))
+	}
+	if d.adopted[s] {
+		return invalid(op, "", "stream %#x was adopted: its owner destroys it (DisownStream first)", uint64(s))
 	}
 	if c := d.call(dev, d.lib.destroyStream, uintptr(s)); c != codeSuccess {
 		return driverError(op, "aclrtDestroyStream", c)

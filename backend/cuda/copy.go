@@ -42,7 +42,7 @@ func (d *Driver) copyTarget(op backend.Op, s backend.Stream, ranges ...span) (in
 		return 0, err
 	}
 	defer d.mu.Unlock()
-	dev, ok := d.streams[s]
+	dev, ok := d.streamOf(s)
 	if !ok {
 		return 0, invalid(op, "", "unknown stream %#x", uint64(s))
 	}
@@ -68,11 +68,11 @@ func (d *Driver) CopyHtoD(dst uintptr, src []byte, s backend.Stream) error {
 	var failed sym
 	rc := d.onDevice(dev, func() cuResult {
 		failed = symMemcpyHtoDAsync
-		if rc := d.lib.call(symMemcpyHtoDAsync, dst, uintptr(unsafe.Pointer(&src[0])), uintptr(len(src)), uintptr(s)); rc != cuSuccess {
+		if rc := d.lib.call(symMemcpyHtoDAsync, dst, uintptr(unsafe.Pointer(&src[0])), uintptr(len(src)), raw(s)); rc != cuSuccess {
 			return rc
 		}
 		failed = symStreamSynchronize
-		return d.lib.call(symStreamSynchronize, uintptr(s))
+		return d.lib.call(symStreamSynchronize, raw(s))
 	})
 	if rc != cuSuccess {
 		return driverError(op, failed, rc)
@@ -91,11 +91,11 @@ func (d *Driver) CopyDtoH(dst []byte, src uintptr, s backend.Stream) error {
 	var failed sym
 	rc := d.onDevice(dev, func() cuResult {
 		failed = symMemcpyDtoHAsync
-		if rc := d.lib.call(symMemcpyDtoHAsync, uintptr(unsafe.Pointer(&dst[0])), src, uintptr(len(dst)), uintptr(s)); rc != cuSuccess {
+		if rc := d.lib.call(symMemcpyDtoHAsync, uintptr(unsafe.Pointer(&dst[0])), src, uintptr(len(dst)), raw(s)); rc != cuSuccess {
 			return rc
 		}
 		failed = symStreamSynchronize
-		return d.lib.call(symStreamSynchronize, uintptr(s))
+		return d.lib.call(symStreamSynchronize, raw(s))
 	})
 	if rc != cuSuccess {
 		return driverError(op, failed, rc)
@@ -111,7 +111,7 @@ func (d *Driver) CopyDtoD(dst, src uintptr, n uint64, s backend.Stream) error {
 		return err
 	}
 	if rc := d.onDevice(dev, func() cuResult {
-		return d.lib.call(symMemcpyDtoDAsync, dst, src, uintptr(n), uintptr(s))
+		return d.lib.call(symMemcpyDtoDAsync, dst, src, uintptr(n), raw(s))
 	}); rc != cuSuccess {
 		return driverError(op, symMemcpyDtoDAsync, rc)
 	}
@@ -126,7 +126,7 @@ func (d *Driver) Memset(dst uintptr, value byte, n uint64, s backend.Stream) err
 		return err
 	}
 	if rc := d.onDevice(dev, func() cuResult {
-		return d.lib.call(symMemsetD8Async, dst, uintptr(value), uintptr(n), uintptr(s))
+		return d.lib.call(symMemsetD8Async, dst, uintptr(value), uintptr(n), raw(s))
 	}); rc != cuSuccess {
 		return driverError(op, symMemsetD8Async, rc)
 	}

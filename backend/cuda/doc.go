@@ -12,7 +12,9 @@
 // Besides backend.Driver, a *Driver implements backend.IPC (POSIX file
 // descriptors), backend.HostMemory, backend.Copier (cuMemcpy*Async_v2,
 // cuMemsetD8Async), backend.DeviceSynchronizer (cuCtxSynchronize) and
-// backend.Introspector.
+// backend.Introspector. AdoptStream lets it use streams it did not create
+// (the CUDA runtime's, a framework's) and the default streams, through
+// per-device stand-ins (adopt.go).
 //
 // # Contexts and threads
 //

@@ -82,7 +82,8 @@ type Driver struct {
 	res     []*reservation             // sorted by va
 	maps    []*mapping                 // sorted by va
 	handles map[backend.Handle]*handle // live (referenced) handles
-	streams map[backend.Stream]int     // stream → device
+	streams map[backend.Stream]int     // stream → device (created or adopted)
+	adopted map[backend.Stream]bool    // streams adopted (adopt.go); nil until one is
 	events  map[backend.Event]int      // event → device
 	exports map[uint64]backend.Handle  // exported fd → handle
 	imports map[fileID]backend.Handle  // imported file → handle

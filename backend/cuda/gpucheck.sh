@@ -13,8 +13,11 @@
 # checked through cuMemcpy); per-call latency of create/map/set-access/
 # unmap/release (median and p99 over 1,000 calls, VMMALLOC_GPUCHECK_N to
 # change); and a replay of cs336_ctx128_fullstep.pickle scaled to fit the
-# device, printing granularity, latencies and the replay's reserved/live.
-# Lines of results start with GPUCHECK. It takes well under 5 minutes.
+# device, printing granularity, latencies and the replay's reserved/live;
+# then, where PyTorch with CUDA is installed, a short training loop with
+# vmmalloc as PyTorch's allocator (libvmmalloc.so) and with PyTorch's own,
+# printing peak reserved/allocated of each (VMMALLOC_GPUCHECK_LIB: a
+# prebuilt libvmmalloc.so). Lines of results start with GPUCHECK. It takes well under 5 minutes.
 #
 # Nothing is downloaded. The test binary is either built here from the
 # module cache (GOPROXY=off: run `go mod download` once,
@@ -87,4 +90,37 @@ if [ $status -ne 0 ]; then
 	cat "${TMPDIR:-/tmp}/gpucheck.$$.log"
 fi
 rm -f "${TMPDIR:-/tmp}/gpucheck.$$.log"
+
+# PyTorch with vmmalloc as its allocator (cmd/libvmmalloc): a short
+# training loop with vmmalloc as the current CUDA allocator, then the same
+# loop with PyTorch's own, each printing peak reserved/allocated. Needs
+# PyTorch with CUDA and either Go with cgo (to build libvmmalloc.so here)
+# or VMMALLOC_GPUCHECK_LIB naming a libvmmalloc.so built elsewhere with
+# cmd/libvmmalloc/build.sh.
+torch_check() {
+	if [ "$mode" != real ]; then
+		echo "gpucheck: pytorch: SKIP: the PyTorch section needs a GPU (not run with --double)"
+		return 0
+	fi
+	if ! command -v python3 >/dev/null 2>&1 || ! python3 -c 'import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)' >/dev/null 2>&1; then
+		echo "gpucheck: pytorch: SKIP: PyTorch with CUDA is not installed"
+		return 0
+	fi
+	so=${VMMALLOC_GPUCHECK_LIB:-}
+	if [ -z "$so" ]; then
+		if ! command -v go >/dev/null 2>&1 || ! command -v cc >/dev/null 2>&1; then
+			echo "gpucheck: pytorch: SKIP: no Go and C compiler to build libvmmalloc.so (set VMMALLOC_GPUCHECK_LIB)"
+			return 0
+		fi
+		sodir=$(mktemp -d)
+		GOPROXY=off "$root/cmd/libvmmalloc/build.sh" "$sodir" >/dev/null || { echo "gpucheck: pytorch: FAIL: building libvmmalloc.so"; return 1; }
+		so=$sodir/libvmmalloc.so
+	fi
+	rc=0
+	VMMALLOC_CONF=backend:cuda timeout 240 python3 "$root/cmd/libvmmalloc/torch_check.py" vmmalloc "$so" || rc=$?
+	timeout 240 python3 "$root/cmd/libvmmalloc/torch_check.py" pytorch || rc=$?
+	[ $rc -eq 0 ] || echo "gpucheck: pytorch: FAIL (status $rc)"
+	return $rc
+}
+torch_check || status=$?
 exit $status

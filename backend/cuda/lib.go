@@ -44,6 +44,7 @@ const (
 	symStreamCreate
 	symStreamDestroy
 	symStreamSynchronize
+	symStreamGetCtx
 	symEventCreate
 	symEventRecord
 	symEventQuery
@@ -91,6 +92,7 @@ var symNames = [numSyms]string{
 	symStreamCreate:                         "cuStreamCreate",
 	symStreamDestroy:                        "cuStreamDestroy_v2",
 	symStreamSynchronize:                    "cuStreamSynchronize",
+	symStreamGetCtx:                         "cuStreamGetCtx",
 	symEventCreate:                          "cuEventCreate",
 	symEventRecord:                          "cuEventRecord",
 	symEventQuery:                           "cuEventQuery",

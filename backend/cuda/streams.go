@@ -27,6 +27,7 @@ func (d *Driver) StreamCreate(dev int) (backend.Stream, error) {
 		return 0, driverError(op, symStreamCreate, rc)
 	}
 	d.streams[backend.Stream(s)] = dev
+	delete(d.adopted, backend.Stream(s)) // an adopted stream destroyed without DisownStream
 	return backend.Stream(s), nil
 }
 
@@ -36,11 +37,21 @@ func (d *Driver) streamDev(op backend.Op, s backend.Stream) (int, error) {
 		return 0, err
 	}
 	defer d.mu.Unlock()
-	dev, ok := d.streams[s]
+	dev, ok := d.streamOf(s)
 	if !ok {
 		return 0, invalid(op, "", "unknown stream %#x", uint64(s))
 	}
 	return dev, nil
+}
+
+// streamOf is the device of a stream the Driver created or adopted, or a
+// default stream's stand-in. mu held.
+func (d *Driver) streamOf(s backend.Stream) (int, bool) {
+	if dev, ok := d.defaultDev(s); ok {
+		return dev, true
+	}
+	dev, ok := d.streams[s]
+	return dev, ok
 }
 
 // StreamDestroy implements backend.Driver (cuStreamDestroy_v2).
@@ -53,6 +64,9 @@ func (d *Driver) StreamDestroy(s backend.Stream) error {
 	dev, ok := d.streams[s]
 	if !ok {
 		return invalid(op, "", "unknown stream %#x", uint64(s))
+	}
+	if d.adopted[s] {
+		return invalid(op, "", "stream %#x was adopted: its owner destroys it (DisownStream first)", uint64(s))
 	}
 	if rc := d.onDevice(dev, func() cuResult { return d.lib.call(symStreamDestroy, uintptr(s)) }); rc != cuSuccess {
 		return driverError(op, symStreamDestroy, rc)
@@ -69,7 +83,7 @@ func (d *Driver) StreamSynchronize(s backend.Stream) error {
 	if err != nil {
 		return err
 	}
-	if rc := d.onDevice(dev, func() cuResult { return d.lib.call(symStreamSynchronize, uintptr(s)) }); rc != cuSuccess {
+	if rc := d.onDevice(dev, func() cuResult { return d.lib.call(symStreamSynchronize, raw(s)) }); rc != cuSuccess {
 		return driverError(op, symStreamSynchronize, rc)
 	}
 	return nil
@@ -140,7 +154,7 @@ func (d *Driver) EventRecord(e backend.Event, s backend.Stream) error {
 		return err
 	}
 	edev, eok := d.events[e]
-	sdev, sok := d.streams[s]
+	sdev, sok := d.streamOf(s)
 	d.mu.Unlock()
 	switch {
 	case !eok:
@@ -150,7 +164,7 @@ func (d *Driver) EventRecord(e backend.Event, s backend.Stream) error {
 	case edev != sdev:
 		return invalid(op, "", "event of device %d, stream of device %d", edev, sdev)
 	}
-	if rc := d.onDevice(edev, func() cuResult { return d.lib.call(symEventRecord, uintptr(e), uintptr(s)) }); rc != cuSuccess {
+	if rc := d.onDevice(edev, func() cuResult { return d.lib.call(symEventRecord, uintptr(e), raw(s)) }); rc != cuSuccess {
 		return driverError(op, symEventRecord, rc)
 	}
 	return nil

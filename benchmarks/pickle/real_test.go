@@ -2,7 +2,6 @@ package pickle_test
 
 import (
 	"os"
-	"path/filepath"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -12,17 +11,13 @@ import (
 	"github.com/vmmalloc/vmmalloc/benchmarks/trace"
 )
 
-// snapshotPath returns the path of the real snapshot name in the shared
-// traces (trace.SharedDir), skipping tb when it is not there.
+// snapshotPath returns the path of the real snapshot name
+// (trace.SharedFile), skipping tb when it is not there.
 func snapshotPath(tb testing.TB, name string) string {
 	tb.Helper()
-	dir, err := trace.SharedDir()
+	p, err := trace.SharedFile(name)
 	if err != nil {
 		tb.Skip(err)
-	}
-	p := filepath.Join(dir, name)
-	if _, err := os.Stat(p); err != nil {
-		tb.Skipf("trace %s not available: %v", name, err)
 	}
 	return p
 }

@@ -12,17 +12,13 @@ import (
 	"github.com/vmmalloc/vmmalloc/benchmarks/workload"
 )
 
-// sharedTrace returns the path of the real trace name (trace.SharedDir),
-// skipping tb when it is not there.
+// sharedTrace returns the path of the real trace name
+// (trace.SharedFile), skipping tb when it is not there.
 func sharedTrace(tb testing.TB, name string) string {
 	tb.Helper()
-	dir, err := trace.SharedDir()
+	p, err := trace.SharedFile(name)
 	if err != nil {
 		tb.Skip(err)
-	}
-	p := filepath.Join(dir, name)
-	if _, err := os.Stat(p); err != nil {
-		tb.Skipf("trace %s not available: %v", name, err)
 	}
 	return p
 }

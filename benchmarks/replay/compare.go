@@ -143,6 +143,18 @@ func WriteText(w io.Writer, r *Report) error {
 	fmt.Fprintf(b, "  fragmentation     mean %.4f, max %.4f (1 − allocated/reserved over %s samples)\n",
 		r.MeanFragmentation, r.MaxFragmentation, c(int64(len(r.Samples))))
 	fmt.Fprintf(b, "  OOMs              %s (retries %s)\n", c(r.OOMs), c(r.AllocRetries))
+	if len(r.Pools) > 0 {
+		fmt.Fprintf(b, "  pools             %d (peak live, peak allocated, peak reserved; at end reserved)\n", len(r.Pools))
+		for _, p := range r.Pools {
+			fmt.Fprintf(b, "    %-16s %s allocs: %s live, %s allocated, %s reserved (%.4f×); %s reserved at end",
+				p.Pool, c(p.Allocs), FormatBytes(p.PeakLive), FormatBytes(p.PeakAllocated), FormatBytes(p.PeakReserved),
+				p.ReservedOverLive, FormatBytes(p.EndReserved))
+			if p.OOMs > 0 {
+				fmt.Fprintf(b, ", %s OOMs", c(p.OOMs))
+			}
+			b.WriteString("\n")
+		}
+	}
 	if n := r.SkippedFrees + r.FailedFrees + r.SkippedRecords + r.DuplicateAllocs + r.ZeroAllocs; n > 0 {
 		fmt.Fprintf(b, "  skipped           %s unknown frees, %s frees of failed allocs, %s records, %s duplicate allocs, %s zero-byte allocs\n",
 			c(r.SkippedFrees), c(r.FailedFrees), c(r.SkippedRecords), c(r.DuplicateAllocs), c(r.ZeroAllocs))

@@ -41,6 +41,9 @@ type DeviceReport struct {
 	PeakAllocated uint64        `json:"peak_allocated"` // allocator's peak allocated bytes
 	PeakReserved  uint64        `json:"peak_reserved"`  // allocator's peak mapped bytes
 	Elapsed       time.Duration `json:"elapsed_ns"`     // wall time of the replay
+	// Pools has each pool's figures (scaled sizes) when the trace uses a
+	// private pool, as Report.Pools; nil otherwise.
+	Pools []PoolReport `json:"pools,omitempty"`
 }
 
 // String is a one-line summary.
@@ -124,7 +127,9 @@ func RunOnDriver(drv backend.Driver, events []trace.Event, o DeviceOptions) (rep
 	type alloc struct {
 		ptr  uintptr
 		size uint64
+		pool uint32 // index in pools.recs
 	}
+	pools := newPoolSet(a)
 	live := map[uint64]alloc{}
 	var cur uint64
 	stream := func(id uint64) (backend.Stream, error) {
@@ -151,16 +156,27 @@ func RunOnDriver(drv backend.Driver, events []trace.Event, o DeviceOptions) (rep
 				return rep, err
 			}
 			n := max(1, uint64(float64(e.Size)*scale))
-			p, err := a.Malloc(n, s)
+			pi := pools.index(e.Pool)
+			pools.alloc(pi, n)
+			var p uintptr
+			var merr error
+			if pi == 0 {
+				p, merr = a.Malloc(n, s)
+			} else {
+				p, merr = pools.malloc(pi, n, s)
+			}
 			var oom *allocator.OutOfMemoryError
-			if errors.As(err, &oom) {
+			if errors.As(merr, &oom) {
 				rep.OOMs++
+				pools.recs[pi].rep.OOMs++
+				pools.recs[pi].live -= n
 				continue
 			}
-			if err != nil {
-				return rep, fmt.Errorf("replay: event %d: Malloc(%d): %w", rep.Events-1, n, err)
+			if merr != nil {
+				return rep, fmt.Errorf("replay: event %d: Malloc(%d): %w", rep.Events-1, n, merr)
 			}
-			live[e.ID] = alloc{p, n}
+			pools.recs[pi].liveAllocs++
+			live[e.ID] = alloc{p, n, pi}
 			rep.Allocs++
 			cur += n
 			rep.PeakLive = max(rep.PeakLive, cur)
@@ -174,6 +190,8 @@ func RunOnDriver(drv backend.Driver, events []trace.Event, o DeviceOptions) (rep
 			}
 			delete(live, e.ID)
 			cur -= b.size
+			pools.recs[b.pool].live -= b.size
+			pools.recs[b.pool].liveAllocs--
 			rep.Frees++
 		case trace.RecordStream:
 			b, ok := live[e.ID]
@@ -194,7 +212,12 @@ func RunOnDriver(drv backend.Driver, events []trace.Event, o DeviceOptions) (rep
 				}
 			}
 		case trace.EmptyCache:
-			if err := a.EmptyCache(); err != nil {
+			// As Run: PyTorch's empty_cache leaves live private pools alone.
+			release := a.EmptyCache
+			if pools.opened {
+				release = a.DefaultPool().EmptyCache
+			}
+			if err := release(); err != nil {
 				return rep, err
 			}
 		}
@@ -203,6 +226,7 @@ func RunOnDriver(drv backend.Driver, events []trace.Event, o DeviceOptions) (rep
 	st := a.Stats()
 	rep.PeakAllocated = uint64(st.AllocatedBytes[stats.AllPools].Peak)
 	rep.PeakReserved = uint64(st.ReservedBytes[stats.AllPools].Peak)
+	rep.Pools = pools.reports()
 	for _, b := range live {
 		if err := a.Free(b.ptr); err != nil {
 			return rep, err

@@ -63,3 +63,32 @@ func TestRunOnDriver(t *testing.T) {
 	_, err = replay.RunOnDriver(e, nil, replay.DeviceOptions{Fit: 2})
 	require.Error(t, err)
 }
+
+// TestRunOnDriverPools: a trace's private pools get pools of their own on
+// the driver too, and the replay leaves nothing behind.
+func TestRunOnDriverPools(t *testing.T) {
+	e, err := emulated.New(emulated.WithCapacity(4 << 30))
+	require.NoError(t, err)
+	defer e.Close()
+	graph := trace.PoolID{1, 0}
+	ev := []trace.Event{
+		{Kind: trace.Alloc, ID: 1, Size: 64 << 20},
+		{Kind: trace.Alloc, ID: 2, Size: 32 << 20, Pool: graph},
+		{Kind: trace.Alloc, ID: 3, Size: 16 << 20, Pool: graph},
+		{Kind: trace.Free, ID: 2},
+		{Kind: trace.EmptyCache},
+		{Kind: trace.Free, ID: 1},
+	}
+	r, err := replay.RunOnDriver(e, ev, replay.DeviceOptions{Scale: 1})
+	require.NoError(t, err)
+	require.Len(t, r.Pools, 2)
+	def, g := r.Pools[0], r.Pools[1]
+	assert.Equal(t, "default", def.Pool)
+	assert.Equal(t, "pool(1,0)", g.Pool)
+	assert.Equal(t, [2]uint64{64 << 20, 48 << 20}, [2]uint64{def.PeakLive, g.PeakLive})
+	assert.Equal(t, [2]int64{1, 2}, [2]int64{def.Allocs, g.Allocs})
+	assert.GreaterOrEqual(t, g.EndReserved, uint64(48<<20), "empty_cache left the graph pool's memory mapped")
+	assert.Equal(t, uint64(16<<20), g.EndLive)
+	live := e.Live()
+	assert.Zero(t, live.Handles+live.Mappings+live.Reservations, "the replay left memory behind")
+}

@@ -15,11 +15,21 @@
 // touched; device capacity is only counted):
 //
 //	Alloc         → Malloc(size, stream)        remembers id → address
+//	                pool.Malloc(size, stream)   in a private pool (below)
 //	Free          → Free(address of id)         unknown ids are skipped and counted
 //	RecordStream  → RecordStream(address, stream)
 //	StreamSync    → Synchronize(stream)
-//	EmptyCache    → EmptyCache()                skipped with Options.IgnoreReleases
+//	EmptyCache    → EmptyCache()                skipped with Options.IgnoreReleases;
+//	                                            the default pool's only once private pools exist
 //	Mark          → nothing (counted)
+//
+// An Alloc in a pool other than the default one (trace.Event.Pool: the
+// pools PyTorch gives CUDA graphs and torch.cuda.MemPool) is made in an
+// allocator Pool of its own, created with that PoolID the first time, so a
+// graph-capture trace replays with the graph's memory kept apart as
+// PyTorch keeps it. An EmptyCache event then releases only the default
+// pool's cache, as PyTorch's empty_cache leaves a live graph pool's
+// memory alone. Report.Pools gives each pool's peaks (pools.go).
 //
 // Trace stream 0 is the allocator's default stream; every other trace
 // stream becomes an emulator stream created the first time it is seen.
@@ -41,7 +51,8 @@
 //	   │                   └──RecordStream──▶ live
 //	   └──Alloc OOM──▶ failed ──Free──▶ unseen
 //
-// The replay loop makes no Go heap allocation per event: dense ids (those
+// The replay loop makes no Go heap allocation per event (beyond the first
+// event of each private pool, which makes its record): dense ids (those
 // of every generator and importer: 1, 2, 3, …) index a slice of slots
 // that doubles as ids reach its end, ids far beyond it go to a map, and
 // the last stream looked up is cached. The allocator's allocated and

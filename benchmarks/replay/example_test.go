@@ -85,3 +85,32 @@ func ExamplePlot_WriteSVG() {
 	fmt.Println(p.WriteSVG(f), len(p.Curves))
 	// Output: <nil> 3
 }
+
+// ExampleRun_pools replays a CUDA graph's capture: the allocations PyTorch
+// made in the graph's private pool (1, 0) replay in a pool of their own,
+// and the report gives each pool's peaks.
+func ExampleRun_pools() {
+	const mib = 1 << 20
+	graph := trace.PoolID{1, 0}
+	ev := []trace.Event{
+		{Kind: trace.Alloc, ID: 1, Size: 64 * mib},              // weights
+		{Kind: trace.Alloc, ID: 2, Size: 30 * mib, Pool: graph}, // captured activations
+		{Kind: trace.Alloc, ID: 3, Size: 10 * mib, Pool: graph},
+		{Kind: trace.Free, ID: 2}, // freed during capture: reusable by the graph only
+		{Kind: trace.Alloc, ID: 4, Size: 8 * mib},
+	}
+	rep, err := replay.Run(trace.NewSliceReader(ev), replay.Options{})
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	for _, p := range rep.Pools {
+		fmt.Printf("%-9s %d allocs, peak live %s, peak allocated %s\n",
+			p.Pool, p.Allocs, replay.FormatBytes(p.PeakLive), replay.FormatBytes(p.PeakAllocated))
+	}
+	fmt.Println("total peak live:", replay.FormatBytes(rep.PeakLive))
+	// Output:
+	// default   2 allocs, peak live 72.00 MiB, peak allocated 72.00 MiB
+	// pool(1,0) 2 allocs, peak live 40.00 MiB, peak allocated 40.00 MiB
+	// total peak live: 104.00 MiB
+}

@@ -29,7 +29,7 @@ const (
 	defaultStride     = 16      // first sampling stride, in events
 	progressEvery     = 1 << 16 // events between Options.Progress calls
 	ctxCheckEvery     = 1 << 12 // events between checks of RunContext's context
-	denseIDs          = 1 << 26 // bound of the id slice (1 GiB of slots); larger ids go to a map
+	denseIDs          = 1 << 26 // bound of the id slice (1.5 GiB of slots); larger ids go to a map
 	initialDense      = 1 << 12 // first length of the id slice
 	denseStreams      = 1 << 10 // trace streams below this index a slice
 )
@@ -187,6 +187,11 @@ type Report struct {
 	Wall              time.Duration `json:"wall_time_ns"`       // wall time of the event loop (reading included)
 	EventsPerSec      float64       `json:"events_per_second"`  // Events / Wall
 
+	// Pools has the figures of each memory pool the trace allocates in
+	// (the default pool first, then the private ones by ID), when the
+	// trace uses a pool other than the default one; nil otherwise.
+	Pools []PoolReport `json:"pools,omitempty"`
+
 	// Samples is the bounded time series (allocated, reserved, live).
 	Samples []Sample `json:"samples,omitempty"`
 	// Stats is the allocator's final statistics.
@@ -197,6 +202,7 @@ type Report struct {
 type slot struct {
 	ptr  uintptr // 0: unseen; failedPtr; zeroPtr; else the live address
 	size uint64  // requested nbytes (live or failed)
+	pool uint32  // index of its pool in runner.pools.recs (0: the default pool)
 }
 
 const (
@@ -220,6 +226,8 @@ type runner struct {
 	lastS     backend.Stream            // its emulator stream
 
 	live, peakLive uint64 // trace bytes, nbytes
+
+	pools *poolSet // the trace's pools (pools.go)
 
 	maxSamples int
 	stride     int64 // events between samples
@@ -288,6 +296,7 @@ func newRunner(opts Options) (*runner, error) {
 		a:        a,
 		dense:    make([]slot, initialDense),
 		streams:  make([]backend.Stream, 1, 8),
+		pools:    newPoolSet(a),
 		rep: &Report{
 			Policy:        opts.Name,
 			Config:        cfg.String(),
@@ -531,10 +540,12 @@ func (r *runner) apply(e trace.Event, n int64) error {
 		rep.Allocs++
 		if s := r.get(e.ID); s.ptr != 0 {
 			rep.DuplicateAllocs++
+			r.pools.alloc(r.pools.index(e.Pool), 0)
 			return nil
 		}
 		if e.Size == 0 {
 			rep.ZeroAllocs++
+			r.pools.alloc(r.pools.index(e.Pool), 0)
 			r.put(e.ID, slot{ptr: zeroPtr})
 			return nil
 		}
@@ -546,18 +557,28 @@ func (r *runner) apply(e trace.Event, n int64) error {
 		if r.live > r.peakLive {
 			r.peakLive = r.live
 		}
-		ptr, err := r.a.Malloc(e.Size, st)
+		pi := r.pools.index(e.Pool)
+		r.pools.alloc(pi, e.Size)
+		var ptr uintptr
+		if pi == 0 {
+			ptr, err = r.a.Malloc(e.Size, st)
+		} else {
+			ptr, err = r.pools.malloc(pi, e.Size, st)
+		}
 		if err != nil {
 			if !r.isOOM(err, e.Size) {
 				return fmt.Errorf("replay: event %d (%v): %w", n, e, err)
 			}
 			rep.OOMs++
+			r.pools.recs[pi].rep.OOMs++
 			if rep.FirstOOMEvent < 0 {
 				rep.FirstOOMEvent = n
 			}
 			ptr = failedPtr
+		} else {
+			r.pools.recs[pi].liveAllocs++
 		}
-		r.put(e.ID, slot{ptr: ptr, size: e.Size})
+		r.put(e.ID, slot{ptr: ptr, size: e.Size, pool: pi})
 	case trace.Free:
 		rep.Frees++
 		s := r.get(e.ID)
@@ -572,8 +593,10 @@ func (r *runner) apply(e trace.Event, n int64) error {
 			if err := r.a.Free(s.ptr); err != nil {
 				return fmt.Errorf("replay: event %d (%v): %w", n, e, err)
 			}
+			r.pools.recs[s.pool].liveAllocs--
 		}
 		r.live -= s.size
+		r.pools.recs[s.pool].live -= s.size
 		r.put(e.ID, slot{})
 	case trace.RecordStream:
 		rep.RecordStreams++
@@ -605,7 +628,16 @@ func (r *runner) apply(e trace.Event, n int64) error {
 			return nil
 		}
 		rep.ReleasesApplied++
-		if err := r.a.EmptyCache(); err != nil {
+		// With private pools, empty_cache is PyTorch's: it releases the
+		// default pool's cache and leaves the pools' (a captured graph
+		// replays into its pool's memory without allocating).
+		var err error
+		if r.pools.opened {
+			err = r.a.DefaultPool().EmptyCache()
+		} else {
+			err = r.a.EmptyCache()
+		}
+		if err != nil {
 			return fmt.Errorf("replay: event %d (%v): %w", n, e, err)
 		}
 	case trace.Mark:
@@ -636,6 +668,7 @@ func (r *runner) finish(callsBefore emulated.CallCounts, simBefore time.Duration
 	rep.EndAllocated = uint64(st.AllocatedBytes[stats.AllPools].Current)
 	rep.EndReserved = uint64(st.ReservedBytes[stats.AllPools].Current)
 	rep.ReservedOverLive = ratio(rep.PeakReserved, rep.PeakLive)
+	rep.Pools = r.pools.reports()
 	for _, sg := range r.a.Snapshot().Segments {
 		for _, b := range sg.Blocks {
 			if b.State == stats.BlockInactive && b.Size > rep.LargestFreeBlock {

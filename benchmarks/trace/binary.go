@@ -12,19 +12,25 @@ import (
 const (
 	// Magic is the first 8 bytes of a binary trace.
 	Magic = "VMMTRACE"
-	// Version is the format version this package writes and reads, for
-	// both the binary and the text format.
-	Version = 1
+	// Version is the format version this package writes, for both the
+	// binary and the text format. Version 2 added Event.Pool; the readers
+	// read versions 1 and 2 (MinVersion through Version), a version-1 file
+	// as all in the default pool.
+	Version = 2
+	// MinVersion is the oldest format version the readers accept.
+	MinVersion = 1
 
+	flagPool   = 1 << 3 // version 2 on; in version 1 bit 3 was part of the kind
 	flagID     = 1 << 4
 	flagSize   = 1 << 5
 	flagStream = 1 << 6
 	flagTime   = 1 << 7
-	kindMask   = 0x0f
+	kindMaskV1 = 0x0f
+	kindMask   = 0x07
 	tagEnd     = 0x00
 
 	maxVarintLen = binary.MaxVarintLen64
-	maxEventLen  = 1 + 4*maxVarintLen // tag + four varints
+	maxEventLen  = 1 + 6*maxVarintLen // tag + six varints (id, size, stream, time, two of pool)
 	maxInfoKey   = 64
 	maxInfoCount = 16
 
@@ -141,6 +147,11 @@ func (w *Writer) Write(e Event) error {
 		i += binary.PutUvarint(tmp[i:], zigzag(e.TimeNs-w.prevTime))
 		w.prevTime = e.TimeNs
 	}
+	if !e.Pool.IsDefault() {
+		tag |= flagPool
+		i += binary.PutUvarint(tmp[i:], e.Pool[0])
+		i += binary.PutUvarint(tmp[i:], e.Pool[1])
+	}
 	tmp[0] = tag
 	w.buf = append(w.buf, tmp[:i]...)
 	w.count++
@@ -223,6 +234,10 @@ type Reader struct {
 	err     error  // sticky terminal error (io.EOF after a clean end)
 	info    Info
 	count   uint64 // events decoded
+	version uint64 // the header's format version (MinVersion..Version)
+	// kindMask and poolFlag split a tag as the file's version does:
+	// version 1 has no pool flag and a 4-bit kind.
+	kindMask, poolFlag byte
 
 	lastAlloc  uint64
 	prevStream uint64
@@ -230,8 +245,8 @@ type Reader struct {
 }
 
 // NewReader reads and checks the header of a binary trace from r.
-// A wrong magic number yields ErrCorrupt, a version other than Version
-// yields ErrVersion.
+// A wrong magic number yields ErrCorrupt, a version outside
+// MinVersion..Version yields ErrVersion.
 func NewReader(r io.Reader) (*Reader, error) {
 	rd := &Reader{r: r, buf: make([]byte, readBufSize)}
 	if err := rd.readHeader(); err != nil {
@@ -242,6 +257,9 @@ func NewReader(r io.Reader) (*Reader, error) {
 
 // Info returns the header metadata.
 func (r *Reader) Info() Info { return r.info }
+
+// Version returns the format version of the trace's header.
+func (r *Reader) Version() int { return int(r.version) }
 
 // Count returns the number of events decoded so far.
 func (r *Reader) Count() uint64 { return r.count }
@@ -334,8 +352,13 @@ func (r *Reader) readHeader() error {
 	if err != nil {
 		return err
 	}
-	if v != Version {
-		return fmt.Errorf("%w: binary trace version %d (this reader supports %d)", ErrVersion, v, Version)
+	if v < MinVersion || v > Version {
+		return fmt.Errorf("%w: binary trace version %d (this reader supports %d to %d)", ErrVersion, v, MinVersion, Version)
+	}
+	r.version = v
+	r.kindMask, r.poolFlag = kindMask, flagPool
+	if v == 1 {
+		r.kindMask, r.poolFlag = kindMaskV1, 0
 	}
 	nf, err := r.headerUvarint("info count")
 	if err != nil {
@@ -398,7 +421,7 @@ func (r *Reader) Next() (Event, error) {
 		r.err = r.trailer()
 		return Event{}, r.err
 	}
-	e := Event{Kind: Kind(tag & kindMask)}
+	e := Event{Kind: Kind(tag & r.kindMask)}
 	if !e.Kind.Valid() {
 		r.err = r.corrupt("invalid event tag 0x%02x", tag)
 		return Event{}, r.err
@@ -441,6 +464,15 @@ func (r *Reader) Next() (Event, error) {
 		}
 		i += n
 		e.TimeNs += unzigzag(u)
+	}
+	if tag&r.poolFlag != 0 {
+		for j := range e.Pool {
+			if u, n = uvarint(b[i:]); n <= 0 {
+				return Event{}, r.badVarint(n, "pool")
+			}
+			i += n
+			e.Pool[j] = u
+		}
 	}
 	r.pos += i
 	if e.Kind == Alloc {

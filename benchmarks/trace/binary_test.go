@@ -32,6 +32,11 @@ func sampleEvents() []Event {
 		{Kind: Free, ID: 0},
 		{Kind: Free, ID: 2, TimeNs: 300},
 		{Kind: Free, ID: 7, TimeNs: 300},
+		{Kind: Alloc, ID: 8, Size: 4096, Stream: 1, TimeNs: 310, Pool: PoolID{1, 0}}, // a CUDA-graph pool
+		{Kind: Alloc, ID: 9, Size: 1, TimeNs: 311, Pool: PoolID{0, 3}},               // a MemPool
+		{Kind: Alloc, ID: 10, Pool: PoolID{math.MaxUint64, math.MaxUint64}},
+		{Kind: Free, ID: 8, TimeNs: 320},
+		{Kind: EmptyCache, Pool: PoolID{1, 0}}, // a field the kind does not use
 	}
 }
 
@@ -49,6 +54,9 @@ func randomEvents(rng *rand.Rand, n int) []Event {
 			e.Size = rng.Uint64() >> rng.IntN(64)
 		}
 		e.Stream = uint64(rng.IntN(4))
+		if rng.IntN(4) == 0 {
+			e.Pool = PoolID{uint64(rng.IntN(3)), rng.Uint64() >> rng.IntN(64)}
+		}
 		e.TimeNs = rng.Int64() >> rng.IntN(64)
 		if rng.IntN(2) == 0 {
 			e.TimeNs = -e.TimeNs
@@ -110,23 +118,25 @@ func TestBinaryCompact(t *testing.T) {
 	require.NoError(t, w.Flush())
 	headerLen := buf.Len()
 	assert.Equal(t, len(Magic)+2, headerLen) // magic, version, zero info fields
-	assert.Equal(t, []byte("VMMTRACE\x01\x00"), buf.Bytes())
+	assert.Equal(t, []byte("VMMTRACE\x02\x00"), buf.Bytes())
 
 	require.NoError(t, w.Write(Event{Kind: Alloc, ID: 1, Size: 100})) // tag + size
 	require.NoError(t, w.Write(Event{Kind: Alloc, ID: 2, Size: 100})) // tag + size
 	require.NoError(t, w.Write(Event{Kind: Free, ID: 2}))             // tag + id delta 0
 	require.NoError(t, w.Write(Event{Kind: EmptyCache}))              // tag only
+	require.NoError(t, w.Write(Event{Kind: Alloc, ID: 3, Size: 100, Pool: PoolID{1, 0}}))
 	require.NoError(t, w.Flush())
 	assert.Equal(t, []byte{
 		byte(Alloc) | flagSize, 100,
 		byte(Alloc) | flagSize, 100,
 		byte(Free) | flagID, 0,
 		byte(EmptyCache),
+		byte(Alloc) | flagSize | flagPool, 100, 1, 0, // a private pool: two bytes more
 	}, buf.Bytes()[headerLen:])
 	require.NoError(t, w.Close())
-	tail := buf.Bytes()[headerLen+7:]
+	tail := buf.Bytes()[headerLen+11:]
 	require.Len(t, tail, 1+1+4)
-	assert.Equal(t, []byte{0, 4}, tail[:2])
+	assert.Equal(t, []byte{0, 5}, tail[:2])
 	crc := binary.LittleEndian.Uint32(tail[2:])
 	assert.Equal(t, crc32c(buf.Bytes()[:buf.Len()-4]), crc)
 }
@@ -179,7 +189,8 @@ func TestBinaryCorruption(t *testing.T) {
 		msg  string
 	}{
 		{"bad magic", corruptAt(0, 'X'), ErrCorrupt, "bad magic"},
-		{"version 2", corruptAt(8, 2), ErrVersion, "version 2"},
+		{"version 3", corruptAt(8, 3), ErrVersion, "version 3"},
+		{"version 0", corruptAt(8, 0), ErrVersion, "version 0"},
 		{"invalid tag", corruptAt(10, 0x0f), ErrCorrupt, "invalid event tag"},
 		{"trailing data", append(append([]byte(nil), good...), 0), ErrCorrupt, "after end-of-trace"},
 		{"checksum", corruptAt(len(good)-1, good[len(good)-1]^1), ErrCorrupt, "checksum mismatch"},
@@ -197,6 +208,67 @@ func TestBinaryCorruption(t *testing.T) {
 			assert.Contains(t, err.Error(), tc.msg)
 		})
 	}
+}
+
+// v1File is the events of sampleEvents that version 1 can hold (those in
+// the default pool), written as a version-1 file: what this package wrote
+// before pools existed.
+func v1File(t *testing.T) ([]byte, []Event) {
+	t.Helper()
+	var events []Event
+	for _, e := range sampleEvents() {
+		if e.Pool.IsDefault() {
+			events = append(events, e)
+		}
+	}
+	data := encodeBinary(t, Info{Name: "old"}, events)
+	require.Equal(t, byte(Version), data[len(Magic)])
+	data[len(Magic)] = 1 // no event has bit 3 set, so only the version and checksum differ
+	binary.LittleEndian.PutUint32(data[len(data)-4:], crc32c(data[:len(data)-4]))
+	return data, events
+}
+
+func TestBinaryReadsVersion1(t *testing.T) {
+	data, events := v1File(t)
+	r, err := NewReader(bytes.NewReader(data))
+	require.NoError(t, err)
+	assert.Equal(t, 1, r.Version())
+	got, err := ReadAll(r)
+	require.NoError(t, err)
+	assert.Equal(t, events, got, "a version-1 file reads as all in the default pool")
+	assert.Equal(t, Info{Name: "old"}, r.Info())
+
+	// In version 1 bit 3 belongs to the kind, so a tag with it set is an
+	// invalid kind, not a pool.
+	bad := append([]byte(nil), data...)
+	first := len(Magic) + 1 + 1 + 1 + len("name") + 1 + len("old") // magic, version, count, key, value
+	require.Equal(t, byte(Alloc)|flagSize|flagTime, bad[first])
+	bad[first] |= flagPool
+	_, _, err = decodeBinary(t, bad)
+	assert.ErrorIs(t, err, ErrCorrupt)
+	assert.ErrorContains(t, err, "invalid event tag 0x")
+
+	// Opened through Open too.
+	er, err := Open(bytes.NewReader(data))
+	require.NoError(t, err)
+	got, err = ReadAll(er)
+	require.NoError(t, err)
+	assert.Equal(t, events, got)
+}
+
+func TestBinaryPoolTruncated(t *testing.T) {
+	data := encodeBinary(t, Info{}, []Event{{Kind: Alloc, ID: 1, Size: 1, Pool: PoolID{1 << 40, 1 << 40}}})
+	// Cut inside each of the two pool varints: header 10 bytes, tag, size.
+	for _, n := range []int{12, 14, 17, 19} {
+		_, _, err := decodeBinary(t, data[:n])
+		require.ErrorIs(t, err, ErrCorrupt, "prefix of %d bytes", n)
+		assert.ErrorContains(t, err, "pool", "prefix of %d bytes", n)
+	}
+	over := append([]byte("VMMTRACE\x02\x00"), byte(Alloc)|flagPool)
+	over = append(over, bytes.Repeat([]byte{0xff}, 11)...)
+	_, _, err := decodeBinary(t, over)
+	require.ErrorIs(t, err, ErrCorrupt)
+	assert.ErrorContains(t, err, "malformed varint (pool)")
 }
 
 func TestBinaryBitFlipsNeverPanic(t *testing.T) {
@@ -377,6 +449,7 @@ func BenchmarkWriter(b *testing.B) {
 func FuzzReader(f *testing.F) {
 	f.Add(encodeBinary(f, Info{Name: "n"}, sampleEvents()))
 	f.Add([]byte("VMMTRACE\x01\x00\x00\x00"))
+	f.Add([]byte("VMMTRACE\x02\x00\x09\x01\x00\x00\x00"))
 	f.Add([]byte("VMMTRACE"))
 	f.Fuzz(func(t *testing.T, data []byte) {
 		r, err := NewReader(bytes.NewReader(data))

@@ -66,10 +66,29 @@ func ParseKind(s string) (Kind, bool) {
 	return 0, false
 }
 
+// PoolID names the memory pool an allocation is made in, as PyTorch's
+// MempoolId_t does: (0, 0) is the default pool (the allocator's own
+// cache); CUDA-graph pools are (n, 0) and torch.cuda.MemPool pools (0, n).
+// A PyTorch snapshot writes it as segment_pool_id on segments and pool_id
+// on trace entries.
+type PoolID [2]uint64
+
+// IsDefault reports whether p is the default pool (0, 0).
+func (p PoolID) IsDefault() bool { return p == PoolID{} }
+
+// String names the pool as vmmalloc's allocator names it: "default" for
+// (0, 0), else "pool(a,b)".
+func (p PoolID) String() string {
+	if p.IsDefault() {
+		return "default"
+	}
+	return "pool(" + strconv.FormatUint(p[0], 10) + "," + strconv.FormatUint(p[1], 10) + ")"
+}
+
 // Event is one step of an allocation trace. Which fields are meaningful
 // depends on Kind:
 //
-//	Alloc         ID, Size, Stream, TimeNs
+//	Alloc         ID, Size, Stream, Pool, TimeNs
 //	Free          ID, TimeNs (Stream optional: the stream the free was issued on)
 //	RecordStream  ID, Stream, TimeNs
 //	StreamSync    Stream, TimeNs
@@ -84,6 +103,10 @@ type Event struct {
 	Size   uint64 // requested nbytes (Alloc only)
 	Stream uint64 // stream index; 0 is the default stream
 	TimeNs int64  // timestamp in nanoseconds, relative to the trace's start
+	// Pool is the memory pool an Alloc is made in; the zero PoolID is the
+	// default pool (and what traces without pools, such as format
+	// version 1 files, read as).
+	Pool PoolID
 }
 
 // String formats e as one line of the text format (without newline).

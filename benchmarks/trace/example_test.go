@@ -63,19 +63,22 @@ func ExampleNewTextWriter() {
 	_ = w.Write(trace.Event{Kind: trace.StreamSync, Stream: 2})
 	_ = w.Write(trace.Event{Kind: trace.Free, ID: 17})
 	_ = w.Write(trace.Event{Kind: trace.EmptyCache})
+	// An allocation in a CUDA graph's private pool, PyTorch's (1, 0).
+	_ = w.Write(trace.Event{Kind: trace.Alloc, ID: 18, Size: 4096, TimeNs: 200, Pool: trace.PoolID{1, 0}})
 	_ = w.Close()
 	// Output:
-	// # vmmalloc-trace v1
+	// # vmmalloc-trace v2
 	// # source: example
 	// alloc 17 1048576 s=0 t=123
 	// record 17 s=2
 	// sync s=2
 	// free 17
 	// empty_cache
+	// alloc 18 4096 s=0 t=200 pool=1,0
 }
 
 func ExampleOpen() {
-	const text = `# vmmalloc-trace v1
+	const text = `# vmmalloc-trace v2
 # name: hand-written
 alloc 1 1000
 alloc 2 3000   # the big one

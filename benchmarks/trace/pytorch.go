@@ -74,6 +74,19 @@ type PyTorchTrace struct {
 	SnapshotSegments  int    // segments
 	SnapshotReserved  uint64 // sum of total_size (saturates at MaxUint64)
 	SnapshotAllocated uint64 // sum of allocated_size (saturates at MaxUint64)
+
+	// Pools. PrivateSegments counts the snapshot's segments on Device in a
+	// pool other than the default one (segment_pool_id ≠ (0, 0): a CUDA
+	// graph's pool or a torch.cuda.MemPool). AllocPoolIDs counts the alloc
+	// entries that carried their own pool_id (newer PyTorch); the pools of
+	// the others are inferred from the segments (see ImportPyTorchSnapshot).
+	// PoolAllocs counts the Alloc events of each private pool; nil when
+	// every alloc is in the default pool.
+	PrivateSegments int
+	AllocPoolIDs    int
+	PoolAllocs      map[PoolID]int
+
+	private []privateSegment // the private-pool segments, by address (pytorchpools.go)
 }
 
 // Reader returns an EventReader over t.Events.
@@ -94,7 +107,14 @@ const maxActionName = 64
 //
 //   - alloc: an Alloc with a fresh id (1, 2, 3, …) keyed by address, Size
 //     the entry's size (PyTorch records the requested size, before its own
-//     rounding), Stream the stream's index (see Streams).
+//     rounding), Stream the stream's index (see Streams), Pool the
+//     entry's pool_id when it has one (newer PyTorch), else the
+//     segment_pool_id of the snapshot segment holding the address, if that
+//     segment held it then (no segment_free or segment_unmap of an
+//     overlapping range came after the alloc), else the default pool. So
+//     CUDA-graph and MemPool allocations replay in pools of their own; an
+//     older snapshot loses the pool of a private segment released before
+//     the dump (its allocs fall back to the default pool).
 //   - free_completed: a Free of the live allocation at that address. This,
 //     not free_requested, is the free point: PyTorch logs free_requested
 //     when the program drops the tensor and free_completed when the block
@@ -162,6 +182,9 @@ func ImportPyTorchSnapshot(r io.Reader, device int) (*PyTorchTrace, error) {
 	if err := t.readSegments(top["segments"]); err != nil {
 		return nil, err
 	}
+	if err := t.preparePools(entries); err != nil {
+		return nil, err
+	}
 	if err := t.convert(entries); err != nil {
 		return nil, err
 	}
@@ -216,6 +239,9 @@ func (t *PyTorchTrace) readSegments(raw any) error {
 		t.SnapshotSegments++
 		t.SnapshotReserved = addSaturating(t.SnapshotReserved, uint64(total))
 		t.SnapshotAllocated = addSaturating(t.SnapshotAllocated, uint64(alloc))
+		if err := t.addPrivateSegment(i, m, total); err != nil {
+			return err
+		}
 	}
 	return nil
 }
@@ -317,10 +343,20 @@ func (t *PyTorchTrace) convert(entries []any) error {
 			if liveBytes+size < liveBytes {
 				return bad("live bytes overflow 64 bits")
 			}
+			pool, err := t.allocPool(m, addr, i)
+			if err != nil {
+				return err
+			}
 			id := nextID
 			nextID++
 			live[addr] = liveAlloc{id: id, size: size}
-			t.Events = append(t.Events, Event{Kind: Alloc, ID: id, Size: size, Stream: s, TimeNs: timeNs})
+			t.Events = append(t.Events, Event{Kind: Alloc, ID: id, Size: size, Stream: s, TimeNs: timeNs, Pool: pool})
+			if !pool.IsDefault() {
+				if t.PoolAllocs == nil {
+					t.PoolAllocs = make(map[PoolID]int)
+				}
+				t.PoolAllocs[pool]++
+			}
 			t.Allocs++
 			if t.TotalAllocated+size < t.TotalAllocated {
 				t.TotalAllocated = math.MaxUint64

@@ -3,6 +3,7 @@ package trace
 import (
 	"errors"
 	"fmt"
+	"io/fs"
 	"os"
 	"path/filepath"
 )
@@ -31,6 +32,32 @@ func SharedDir() (string, error) {
 		wd = ""
 	}
 	return sharedDirFrom(os.Getenv(SharedDirEnv), wd)
+}
+
+// SharedFile returns the path of the real trace name in SharedDir: a
+// file name such as "cs336_ctx128_fullstep.pickle", or a slash-separated
+// path below the directory such as "policy/cs336_ctx512_fullstep.pickle".
+// The error wraps ErrNoSharedDir when the directory is not found,
+// fs.ErrNotExist when the file is not in it, and fs.ErrInvalid when name
+// is not a local path (absolute, empty, or reaching above with ".."); a
+// test or benchmark that needs the trace skips on any error.
+func SharedFile(name string) (string, error) {
+	if !filepath.IsLocal(filepath.FromSlash(name)) {
+		return "", fmt.Errorf("trace: shared trace %q: %w: not a path inside the directory", name, fs.ErrInvalid)
+	}
+	dir, err := SharedDir()
+	if err != nil {
+		return "", err
+	}
+	p := filepath.Join(dir, filepath.FromSlash(name))
+	st, err := os.Stat(p)
+	if err != nil {
+		return "", fmt.Errorf("trace: shared trace %s not available: %w", name, err)
+	}
+	if !st.Mode().IsRegular() {
+		return "", fmt.Errorf("trace: shared trace %s: %w: %s is not a regular file", name, fs.ErrNotExist, p)
+	}
+	return p, nil
 }
 
 // sharedDirFrom is SharedDir for the value env of SharedDirEnv and the

@@ -1,6 +1,7 @@
 package trace
 
 import (
+	"io/fs"
 	"os"
 	"path/filepath"
 	"testing"
@@ -81,4 +82,41 @@ func TestSharedDir(t *testing.T) {
 	t.Chdir(bare)
 	_, err = SharedDir()
 	require.ErrorIs(t, err, ErrNoSharedDir, "the workplace folder above is not looked at")
+}
+
+// TestSharedFile: a trace is found by name (or a path below the
+// directory); a missing directory, a missing file, a directory of that
+// name and a path leaving the directory are errors a test skips on.
+func TestSharedFile(t *testing.T) {
+	dir := t.TempDir()
+	require.NoError(t, os.MkdirAll(filepath.Join(dir, "policy", "sub"), 0o755))
+	require.NoError(t, os.WriteFile(filepath.Join(dir, "a.pickle"), []byte("x"), 0o644))
+	require.NoError(t, os.WriteFile(filepath.Join(dir, "policy", "b.pickle"), []byte("y"), 0o644))
+	t.Setenv(SharedDirEnv, dir)
+
+	got, err := SharedFile("a.pickle")
+	require.NoError(t, err)
+	assert.Equal(t, filepath.Join(dir, "a.pickle"), got)
+	got, err = SharedFile("policy/b.pickle")
+	require.NoError(t, err)
+	assert.Equal(t, filepath.Join(dir, "policy", "b.pickle"), got)
+
+	for _, tc := range []struct {
+		name string
+		want error
+	}{
+		{"missing.pickle", fs.ErrNotExist},
+		{"policy/sub", fs.ErrNotExist}, // a directory, not a trace
+		{"../a.pickle", fs.ErrInvalid},
+		{"/etc/passwd", fs.ErrInvalid},
+		{"", fs.ErrInvalid},
+	} {
+		got, err := SharedFile(tc.name)
+		require.ErrorIs(t, err, tc.want, "%q", tc.name)
+		assert.Empty(t, got)
+	}
+
+	t.Setenv(SharedDirEnv, filepath.Join(dir, "missing"))
+	_, err = SharedFile("a.pickle")
+	require.ErrorIs(t, err, ErrNoSharedDir)
 }

@@ -30,6 +30,10 @@ type Summary struct {
 	Streams         int    // distinct Stream values on Alloc, RecordStream and StreamSync events
 	FirstTimeNs     int64  // TimeNs of the first event
 	LastTimeNs      int64  // TimeNs of the last event
+	// PoolPeakLive is each pool's PeakLiveBytes (the default pool's
+	// included), when an Alloc names a pool other than the default one;
+	// nil otherwise.
+	PoolPeakLive map[PoolID]uint64
 }
 
 // ValidationError locates the first inconsistency Summarize found.
@@ -55,7 +59,13 @@ func (e *ValidationError) Unwrap() error { return ErrInvalidTrace }
 // the Summary of the events before the failure is returned too.
 func Summarize(r EventReader) (Summary, error) {
 	s := Summary{PeakLiveEvent: -1}
-	live := make(map[uint64]uint64) // id -> size
+	type liveAlloc struct {
+		size uint64
+		pool PoolID
+	}
+	live := make(map[uint64]liveAlloc)  // id -> allocation
+	poolLive := make(map[PoolID]uint64) // pool -> live bytes
+	var defaultPeak uint64              // the default pool's peak, kept before PoolPeakLive exists
 	streams := make(map[uint64]struct{})
 	fail := func(e Event, format string, args ...any) error {
 		return &ValidationError{Index: s.Events, Event: e, Reason: fmt.Sprintf(format, args...)}
@@ -79,7 +89,17 @@ func Summarize(r EventReader) (Summary, error) {
 			if s.LiveBytes+e.Size < s.LiveBytes {
 				return s, fail(e, "live bytes overflow 64 bits")
 			}
-			live[e.ID] = e.Size
+			live[e.ID] = liveAlloc{e.Size, e.Pool}
+			poolLive[e.Pool] += e.Size
+			if e.Pool.IsDefault() {
+				defaultPeak = max(defaultPeak, poolLive[e.Pool])
+			} else if s.PoolPeakLive == nil {
+				s.PoolPeakLive = make(map[PoolID]uint64)
+			}
+			if s.PoolPeakLive != nil {
+				s.PoolPeakLive[PoolID{}] = defaultPeak
+				s.PoolPeakLive[e.Pool] = max(s.PoolPeakLive[e.Pool], poolLive[e.Pool])
+			}
 			streams[e.Stream] = struct{}{}
 			s.Allocs++
 			s.LiveAllocs++
@@ -98,14 +118,15 @@ func Summarize(r EventReader) (Summary, error) {
 			}
 			s.PeakLiveAllocs = max(s.PeakLiveAllocs, s.LiveAllocs)
 		case Free:
-			size, ok := live[e.ID]
+			a, ok := live[e.ID]
 			if !ok {
 				return s, fail(e, "id %d is not live", e.ID)
 			}
 			delete(live, e.ID)
+			poolLive[a.pool] -= a.size
 			s.Frees++
 			s.LiveAllocs--
-			s.LiveBytes -= size
+			s.LiveBytes -= a.size
 		case RecordStream:
 			if _, ok := live[e.ID]; !ok {
 				return s, fail(e, "id %d is not live", e.ID)

@@ -98,3 +98,27 @@ func TestSummarizeReadError(t *testing.T) {
 	assert.Equal(t, int64(2), s.Events)
 	assert.Equal(t, uint64(10), s.PeakLiveBytes)
 }
+
+// TestSummarizePools: per-pool peaks, the default pool's counted from the
+// start even when the first private alloc comes after its peak.
+func TestSummarizePools(t *testing.T) {
+	graph, mem := PoolID{1, 0}, PoolID{0, 1}
+	ev := []Event{
+		{Kind: Alloc, ID: 1, Size: 100},
+		{Kind: Alloc, ID: 2, Size: 50},
+		{Kind: Free, ID: 2}, // the default pool peaked at 150
+		{Kind: Alloc, ID: 3, Size: 70, Pool: graph},
+		{Kind: Alloc, ID: 4, Size: 30, Pool: graph},
+		{Kind: Free, ID: 3, Pool: mem}, // a Free's pool is ignored: the id's counts
+		{Kind: Alloc, ID: 5, Size: 5, Pool: mem},
+		{Kind: Alloc, ID: 6, Size: 10},
+	}
+	s, err := Summarize(NewSliceReader(ev))
+	require.NoError(t, err)
+	assert.Equal(t, map[PoolID]uint64{{}: 150, graph: 100, mem: 5}, s.PoolPeakLive)
+	assert.Equal(t, uint64(200), s.PeakLiveBytes)
+
+	s, err = Summarize(NewSliceReader(ev[:3]))
+	require.NoError(t, err)
+	assert.Nil(t, s.PoolPeakLive, "no private pool")
+}

@@ -8,8 +8,13 @@ import (
 	"strconv"
 )
 
-// TextHeader is the first line of a text trace (without the newline).
-const TextHeader = "# vmmalloc-trace v1"
+// TextHeader is the first line of a text trace (without the newline), as
+// TextWriter writes it (format Version).
+const TextHeader = "# vmmalloc-trace v2"
+
+// TextHeaderV1 is the header of a version-1 text trace, which has no pool=
+// field; TextReader still reads it.
+const TextHeaderV1 = "# vmmalloc-trace v1"
 
 const textHeaderPrefix = "# vmmalloc-trace v"
 
@@ -42,6 +47,12 @@ func appendText(b []byte, e Event) []byte {
 	if e.TimeNs != 0 || e.Kind == Alloc {
 		b = append(b, " t="...)
 		b = strconv.AppendInt(b, e.TimeNs, 10)
+	}
+	if !e.Pool.IsDefault() {
+		b = append(b, " pool="...)
+		b = strconv.AppendUint(b, e.Pool[0], 10)
+		b = append(b, ',')
+		b = strconv.AppendUint(b, e.Pool[1], 10)
 	}
 	return b
 }
@@ -179,11 +190,12 @@ type TextReader struct {
 	pending []byte // first event line, read ahead while collecting Info
 	info    Info
 	err     error // sticky terminal error
+	version int   // the header's format version (MinVersion..Version)
 }
 
 // NewTextReader reads the header line and the leading comment block (for
 // Info) from r. A missing header yields ErrCorrupt; a header naming
-// another version yields ErrVersion.
+// a version outside MinVersion..Version yields ErrVersion.
 func NewTextReader(r io.Reader) (*TextReader, error) {
 	t := &TextReader{r: bufio.NewReaderSize(r, readBufSize)}
 	line, err := t.readLine()
@@ -194,9 +206,14 @@ func NewTextReader(r io.Reader) (*TextReader, error) {
 		return nil, err
 	}
 	line = bytes.TrimRight(line, " \t\r\n")
-	if string(line) != TextHeader {
+	switch string(line) {
+	case TextHeader:
+		t.version = Version
+	case TextHeaderV1:
+		t.version = 1
+	default:
 		if rest, ok := bytes.CutPrefix(line, []byte(textHeaderPrefix)); ok {
-			return nil, fmt.Errorf("%w: text trace version %q (this reader supports %d)", ErrVersion, clip(rest), Version)
+			return nil, fmt.Errorf("%w: text trace version %q (this reader supports %d to %d)", ErrVersion, clip(rest), MinVersion, Version)
 		}
 		return nil, fmt.Errorf("%w: line 1: missing %q header", ErrCorrupt, TextHeader)
 	}
@@ -234,6 +251,9 @@ func NewTextReader(r io.Reader) (*TextReader, error) {
 // Info returns the metadata from the leading "# key: value" comments.
 func (t *TextReader) Info() Info { return t.info }
 
+// Version returns the format version of the trace's header.
+func (t *TextReader) Version() int { return t.version }
+
 // readLine returns the next line (including its newline, if any); the slice
 // is valid until the next call. io.EOF only when no bytes remain.
 func (t *TextReader) readLine() ([]byte, error) {
@@ -269,7 +289,7 @@ func (t *TextReader) Next() (Event, error) {
 				return Event{}, err
 			}
 		}
-		e, ok, err := parseLine(line)
+		e, ok, err := parseLine(line, t.version)
 		if err != nil {
 			t.err = fmt.Errorf("%w: line %d: %s", ErrCorrupt, t.line, err.Error())
 			return Event{}, t.err
@@ -345,8 +365,21 @@ func parseInt(b []byte) (int64, bool) {
 	return int64(u), true
 }
 
-// parseLine parses one line. ok is false for blank and comment lines.
-func parseLine(line []byte) (e Event, ok bool, err error) {
+// parsePool parses the value of pool=: two unsigned integers separated by
+// a comma ("1,0").
+func parsePool(b []byte) (PoolID, bool) {
+	a, c, found := bytes.Cut(b, []byte(","))
+	if !found {
+		return PoolID{}, false
+	}
+	x, ok1 := parseUint(a)
+	y, ok2 := parseUint(c)
+	return PoolID{x, y}, ok1 && ok2
+}
+
+// parseLine parses one line of a trace of the given format version. ok is
+// false for blank and comment lines.
+func parseLine(line []byte, version int) (e Event, ok bool, err error) {
 	if i := bytes.IndexByte(line, '#'); i >= 0 {
 		line = line[:i]
 	}
@@ -371,6 +404,7 @@ func parseLine(line []byte) (e Event, ok bool, err error) {
 		seenSize
 		seenStream
 		seenTime
+		seenPool
 	)
 	seen := 0
 	for p := 0; p < positional; p++ {
@@ -416,6 +450,12 @@ func parseLine(line []byte) (e Event, ok bool, err error) {
 		case "size":
 			bit = seenSize
 			e.Size, good = parseUint(v)
+		case "pool":
+			if version < 2 {
+				return Event{}, false, fmt.Errorf("%s: pool= needs format version 2 (header %q)", kind, TextHeader)
+			}
+			bit = seenPool
+			e.Pool, good = parsePool(v)
 		default:
 			return Event{}, false, fmt.Errorf("%s: unknown key %q", kind, clip(k))
 		}

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"errors"
 	"io"
+	"math"
 	"math/rand/v2"
 	"strings"
 	"testing"
@@ -45,8 +46,10 @@ func TestTextCanonicalForm(t *testing.T) {
 		{Kind: EmptyCache},
 		{Kind: Mark, ID: 3, TimeNs: 200},
 		{Kind: EmptyCache, ID: 4, Size: 5},
+		{Kind: Alloc, ID: 19, Size: 64, TimeNs: 300, Pool: PoolID{1, 0}},
+		{Kind: Free, ID: 19, Pool: PoolID{0, 2}},
 	})
-	assert.Equal(t, `# vmmalloc-trace v1
+	assert.Equal(t, `# vmmalloc-trace v2
 # name: demo
 # device: cuda:0
 alloc 17 1048576 s=0 t=123
@@ -57,6 +60,8 @@ free 18 s=3 t=-5
 empty_cache
 mark 3 t=200
 empty_cache id=4 size=5
+alloc 19 64 s=0 t=300 pool=1,0
+free 19 pool=0,2
 `, got)
 }
 
@@ -98,6 +103,31 @@ func TestTextLenientInput(t *testing.T) {
 	}, ev)
 }
 
+func TestTextReadsVersion1(t *testing.T) {
+	r, err := NewTextReader(strings.NewReader(TextHeaderV1 + "\n# name: old\nalloc 1 10 s=2 t=3\nfree 1\n"))
+	require.NoError(t, err)
+	assert.Equal(t, 1, r.Version())
+	ev, err := ReadAll(r)
+	require.NoError(t, err)
+	assert.Equal(t, []Event{{Kind: Alloc, ID: 1, Size: 10, Stream: 2, TimeNs: 3}, {Kind: Free, ID: 1}}, ev)
+	assert.Equal(t, "old", r.Info().Name)
+
+	r, err = NewTextReader(strings.NewReader(TextHeader + "\nalloc 1 10 pool=18446744073709551615,7\n"))
+	require.NoError(t, err)
+	assert.Equal(t, Version, r.Version())
+	ev, err = ReadAll(r)
+	require.NoError(t, err)
+	assert.Equal(t, []Event{{Kind: Alloc, ID: 1, Size: 10, Pool: PoolID{math.MaxUint64, 7}}}, ev)
+}
+
+func TestPoolIDString(t *testing.T) {
+	assert.Equal(t, "default", PoolID{}.String())
+	assert.Equal(t, "pool(1,0)", PoolID{1, 0}.String())
+	assert.Equal(t, "pool(0,18446744073709551615)", PoolID{0, math.MaxUint64}.String())
+	assert.True(t, PoolID{}.IsDefault())
+	assert.False(t, PoolID{0, 1}.IsDefault())
+}
+
 func TestTextErrors(t *testing.T) {
 	const h = TextHeader + "\n"
 	tests := []struct {
@@ -108,7 +138,14 @@ func TestTextErrors(t *testing.T) {
 	}{
 		{"empty", "", ErrCorrupt, "empty input"},
 		{"no header", "alloc 1 2\n", ErrCorrupt, "line 1: missing"},
-		{"version 2", "# vmmalloc-trace v2\n", ErrVersion, `"2"`},
+		{"version 3", "# vmmalloc-trace v3\n", ErrVersion, `"3"`},
+		{"pool in version 1", TextHeaderV1 + "\nalloc 1 2 pool=1,0\n", ErrCorrupt, "pool= needs format version 2"},
+		{"pool without comma", h + "alloc 1 2 pool=1\n", ErrCorrupt, `bad value "1" for pool`},
+		{"pool half empty", h + "alloc 1 2 pool=1,\n", ErrCorrupt, "bad value"},
+		{"pool three parts", h + "alloc 1 2 pool=1,2,3\n", ErrCorrupt, "bad value"},
+		{"pool negative", h + "alloc 1 2 pool=-1,0\n", ErrCorrupt, "bad value"},
+		{"pool overflow", h + "alloc 1 2 pool=0,18446744073709551616\n", ErrCorrupt, "bad value"},
+		{"pool twice", h + "alloc 1 2 pool=1,0 pool=1,0\n", ErrCorrupt, "pool given twice"},
 		{"unknown event", h + "malloc 1 2\n", ErrCorrupt, `line 2: unknown event "malloc"`},
 		{"missing size", h + "alloc 1\n", ErrCorrupt, "line 2: alloc: missing size"},
 		{"missing id", h + "free\n", ErrCorrupt, "free: missing id"},
@@ -218,6 +255,8 @@ func TestKindStrings(t *testing.T) {
 func FuzzTextReader(f *testing.F) {
 	f.Add(encodeText(f, Info{Name: "n"}, sampleEvents()))
 	f.Add(TextHeader + "\nalloc 1 2 s=3 t=-4 # c\nfree 1\n")
+	f.Add(TextHeader + "\nalloc 1 2 pool=1,0\nfree 1 pool=0,1\n")
+	f.Add(TextHeaderV1 + "\nalloc 1 2 pool=1,0\n")
 	f.Fuzz(func(t *testing.T, s string) {
 		r, err := NewTextReader(strings.NewReader(s))
 		if err != nil {

@@ -66,6 +66,13 @@ func replayOnBackend(name string, cfg allocator.Config, in *input, asJSON bool, 
 		enc.SetIndent("", "  ")
 		return enc.Encode(rep)
 	}
-	_, err = fmt.Fprintf(stdout, "%s\n%s\n", in.name, rep)
+	b := &strings.Builder{}
+	fmt.Fprintf(b, "%s\n%s\n", in.name, rep)
+	for _, p := range rep.Pools {
+		fmt.Fprintf(b, "  %-16s %d allocs: peak live %s, peak allocated %s, peak reserved %s; %s reserved at end\n",
+			p.Pool, p.Allocs, replay.FormatBytes(p.PeakLive), replay.FormatBytes(p.PeakAllocated),
+			replay.FormatBytes(p.PeakReserved), replay.FormatBytes(p.EndReserved))
+	}
+	_, err = io.WriteString(stdout, b.String())
 	return err
 }

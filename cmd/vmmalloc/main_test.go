@@ -102,6 +102,30 @@ func snapshotPickle() []byte {
 	})
 }
 
+// graphPickle is a snapshot with a CUDA graph's private pool (1, 0): its
+// segment at the dump, two allocs in it (one naming its pool_id, as newer
+// PyTorch writes it) and one alloc in the default pool.
+func graphPickle() []byte {
+	entry := func(action string, addr, size, t int) map[string]any {
+		return map[string]any{"action": action, "addr": addr, "size": size, "stream": 0, "time_us": t, "frames": []any{}}
+	}
+	base := 0x7f0000000000
+	named := entry("alloc", base+gib+(64<<20), 32<<20, 1003)
+	named["pool_id"] = []any{1, 0}
+	return pickleOf(map[string]any{
+		"segments": []any{
+			map[string]any{"device": 0, "address": base, "total_size": 256 << 20, "allocated_size": 0, "segment_pool_id": []any{0, 0}},
+			map[string]any{"device": 0, "address": base + gib, "total_size": 128 << 20, "allocated_size": 96 << 20, "segment_pool_id": []any{1, 0}},
+		},
+		"device_traces": []any{[]any{
+			entry("alloc", base, 200<<20, 1000),
+			entry("alloc", base+gib, 64<<20, 1002),
+			named,
+			entry("free_completed", base, 200<<20, 1004),
+		}},
+	})
+}
+
 // orphanPickle is a snapshot that frees a block allocated before
 // recording began.
 func orphanPickle() []byte {
@@ -179,6 +203,8 @@ func fixtures(t *testing.T) map[string]string {
 		"orphan.txt":       []byte(trace.TextHeader + "\nalloc 1 4096\nfree 9\nfree 1\n"),
 		"dup.txt":          []byte(trace.TextHeader + "\nalloc 1 4096\nalloc 1 4096\nfree 1\n"),
 		"orphan.pickle":    orphanPickle(),
+		"graph.pickle":     graphPickle(),
+		"pools.txt":        []byte(trace.TextHeader + "\nalloc 1 4194304\nalloc 2 8388608 pool=1,0\nfree 1\nalloc 3 2097152 pool=0,1\n"),
 	}
 	paths := map[string]string{"dir": dir, "missing": filepath.Join(dir, "missing.bin")}
 	for name, data := range files {
@@ -221,6 +247,10 @@ func TestRunSuccess(t *testing.T) {
 		{"replay compare custom", []string{"replay", "--compare", "--config", "large_segment_size_mb:4", f["trace.txt"]}, []string{"custom", "expandable-release256", "  custom                = large_segment_size_mb:4\n"}},
 		{"replay svg", []string{"replay", "--svg", svg, f["snap.pickle"]}, []string{"peak reserved"}},
 		{"replay check", []string{"replay", "--check", f["trace.bin"]}, []string{"peak reserved"}},
+		{"replay pools", []string{"replay", "--check", f["pools.txt"]}, []string{"  pools             3 ", "    default          1 allocs: 4.00 MiB live, 4.00 MiB allocated",
+			"    pool(0,1)        1 allocs: 2.00 MiB live, 2.00 MiB allocated", "    pool(1,0)        1 allocs: 8.00 MiB live, 8.00 MiB allocated"}},
+		{"replay pickle pools", []string{"replay", f["graph.pickle"]}, []string{"private pools (CUDA graphs, MemPools): 1 segments at the dump; allocs: pool(1,0) 2\n",
+			"    pool(1,0)        2 allocs: 96.00 MiB live, 96.00 MiB allocated, 96.00 MiB reserved (1.0000×); 96.00 MiB reserved at end\n"}},
 		{"help", []string{"help"}, []string{"vmmalloc replay", "vmmalloc sweep", "4 out of device memory"}},
 		{"version", []string{"--version"}, []string{"vmmalloc ", "go1."}},
 		{"version command", []string{"version"}, []string{"vmmalloc "}},
@@ -292,6 +322,31 @@ func TestReplayJSON(t *testing.T) {
 		assert.Equal(t, false, m["pytorch_peak_reserved_known"])
 		assert.NotContains(t, m, "pytorch_peak_reserved_bytes")
 		assert.NotContains(t, m, "pytorch_reserved_over_live")
+	})
+	t.Run("pytorch pools", func(t *testing.T) {
+		m := decode(t, "replay", "--json", f["graph.pickle"])
+		assert.Equal(t, 1.0, m["pytorch_private_segments"])
+		assert.Equal(t, map[string]any{"pool(1,0)": 2.0}, m["pytorch_pool_allocs"])
+		pools, ok := m["pools"].([]any)
+		require.True(t, ok, "per-pool figures")
+		require.Len(t, pools, 2)
+		def, graph := pools[0].(map[string]any), pools[1].(map[string]any)
+		assert.Equal(t, "default", def["pool"])
+		assert.Equal(t, "pool(1,0)", graph["pool"])
+		assert.Equal(t, []any{1.0, 0.0}, graph["id"])
+		assert.Equal(t, float64(200<<20), def["peak_live_bytes"])
+		assert.Equal(t, float64(96<<20), graph["peak_live_bytes"])
+		assert.Equal(t, float64(96<<20), graph["peak_allocated_bytes"])
+		assert.GreaterOrEqual(t, graph["peak_reserved_bytes"], float64(96<<20))
+		assert.Equal(t, float64(96<<20), graph["end_live_bytes"])
+		assert.Equal(t, 2.0, graph["allocs"])
+		assert.Equal(t, m["end_reserved_bytes"], def["end_reserved_bytes"].(float64)+graph["end_reserved_bytes"].(float64))
+	})
+	t.Run("no pools", func(t *testing.T) {
+		m := decode(t, "replay", "--json", f["snap.pickle"])
+		assert.NotContains(t, m, "pools")
+		assert.NotContains(t, m, "pytorch_private_segments")
+		assert.NotContains(t, m, "pytorch_pool_allocs")
 	})
 	t.Run("compare", func(t *testing.T) {
 		m := decode(t, "replay", "--json", "--compare", f["trace.txt"])

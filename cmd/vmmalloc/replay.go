@@ -1,10 +1,12 @@
 package main
 
 import (
+	"cmp"
 	"encoding/json"
 	"fmt"
 	"io"
 	"os"
+	"slices"
 	"strings"
 
 	"github.com/dustin/go-humanize"
@@ -49,12 +51,16 @@ type jsonReport struct {
 	MinCapacity *uint64 `json:"min_capacity_bytes,omitempty"`
 	// PyTorch's own figures, for PyTorch snapshots. The reserved peak and
 	// its ratio are present only when the file lets them be known.
-	PyTorchPeakReservedKnown *bool            `json:"pytorch_peak_reserved_known,omitempty"`
-	PyTorchPeakReserved      *uint64          `json:"pytorch_peak_reserved_bytes,omitempty"`
-	PyTorchPeakLive          *uint64          `json:"pytorch_peak_live_bytes,omitempty"`
-	PyTorchReservedOverLive  *float64         `json:"pytorch_reserved_over_live,omitempty"`
-	Stats                    map[string]int64 `json:"stats"`
-	Compare                  []*replay.Report `json:"compare,omitempty"`
+	PyTorchPeakReservedKnown *bool    `json:"pytorch_peak_reserved_known,omitempty"`
+	PyTorchPeakReserved      *uint64  `json:"pytorch_peak_reserved_bytes,omitempty"`
+	PyTorchPeakLive          *uint64  `json:"pytorch_peak_live_bytes,omitempty"`
+	PyTorchReservedOverLive  *float64 `json:"pytorch_reserved_over_live,omitempty"`
+	// The snapshot's private pools (CUDA graphs, MemPools), present only
+	// when it has some: its segments in them and the allocs of each.
+	PyTorchPrivateSegments *int             `json:"pytorch_private_segments,omitempty"`
+	PyTorchPoolAllocs      map[string]int   `json:"pytorch_pool_allocs,omitempty"`
+	Stats                  map[string]int64 `json:"stats"`
+	Compare                []*replay.Report `json:"compare,omitempty"`
 }
 
 func cmdReplay(args []string, stdout, stderr io.Writer) error {
@@ -326,6 +332,13 @@ func writeJSON(w io.Writer, in *input, rep *replay.Report, reports []*replay.Rep
 			r := float64(pr) / float64(pl)
 			out.PyTorchReservedOverLive = &r
 		}
+		if n := pt.PrivateSegments; n > 0 || pt.PoolAllocs != nil {
+			out.PyTorchPrivateSegments = &n
+			out.PyTorchPoolAllocs = make(map[string]int, len(pt.PoolAllocs))
+			for id, c := range pt.PoolAllocs {
+				out.PyTorchPoolAllocs[id.String()] = c
+			}
+		}
 	}
 	for _, r := range reports {
 		out.Compare = append(out.Compare, strip(r))
@@ -363,6 +376,26 @@ func writeTextReport(w io.Writer, in *input, rep *replay.Report, reports []*repl
 		if pt.Releases > 0 {
 			fmt.Fprintf(b, "        %d cache releases inferred from %d segment frees/unmaps (%d applied)\n",
 				pt.Releases, pt.SegmentFrees+pt.SegmentUnmaps, rep.ReleasesApplied)
+		}
+		if pt.PrivateSegments > 0 || pt.PoolAllocs != nil {
+			fmt.Fprintf(b, "        private pools (CUDA graphs, MemPools): %s segments at the dump; allocs:", replay.FormatCount(int64(pt.PrivateSegments)))
+			ids := make([]trace.PoolID, 0, len(pt.PoolAllocs))
+			for id := range pt.PoolAllocs {
+				ids = append(ids, id)
+			}
+			slices.SortFunc(ids, func(x, y trace.PoolID) int {
+				if c := cmp.Compare(x[0], y[0]); c != 0 {
+					return c
+				}
+				return cmp.Compare(x[1], y[1])
+			})
+			for _, id := range ids {
+				fmt.Fprintf(b, " %s %s", id, replay.FormatCount(int64(pt.PoolAllocs[id])))
+			}
+			if len(ids) == 0 {
+				fmt.Fprintf(b, " none")
+			}
+			fmt.Fprintf(b, "\n")
 		}
 		if pt.UnmatchedFrees > 0 {
 			fmt.Fprintf(b, "        %s frees of blocks allocated before the trace began were skipped\n", replay.FormatCount(int64(pt.UnmatchedFrees)))

@@ -22,8 +22,9 @@
 //     block addresses by adding up sizes and falls back to legacy handling
 //     without frames.
 //   - Trace entries use PyTorch's action names and keys (addr, size,
-//     stream, time_us, frames; device_free instead of addr on oom) and
-//     never a category key. vmmalloc's empty_cache entries have no PyTorch
+//     stream, time_us, frames, and pool_id, the (int, int) MempoolId_t of
+//     the entry's pool, as newer PyTorch writes it; device_free instead of
+//     addr on oom) and never a category key. vmmalloc's empty_cache entries have no PyTorch
 //     counterpart and are left out; the segment_unmap/segment_free entries
 //     they cause are written.
 //   - The viewer replays the trace backwards from the segments, so a
@@ -317,6 +318,10 @@ func writeEntry(p *pickler, fw *frameWriter, e stats.TraceEntry) {
 	p.uint(e.Stream)
 	p.string("time_us")
 	p.int(e.TimeNs / 1000)
+	p.string("pool_id")
+	p.uint(e.Pool[0]) // (0, 0): the default pool; read by Python tools and replay, not the viewer
+	p.uint(e.Pool[1])
+	p.bytes(opTuple2)
 	p.string("frames")
 	fw.frames(e.Stack)
 	p.closeDict()

@@ -94,7 +94,7 @@ func fixture() memviz.Device {
 		}},
 		Trace: []stats.TraceEntry{
 			{Action: stats.TraceSegmentMap, Addr: base, Size: 2 << 20, TimeNs: 5000},
-			{Action: stats.TraceAlloc, Addr: base, Size: 1000, TimeNs: 6000, Stack: 1},
+			{Action: stats.TraceAlloc, Addr: base, Size: 1000, TimeNs: 6000, Stack: 1, Pool: [2]uint64{1, 0}},
 			{Action: stats.TraceEmptyCache, TimeNs: 6500},
 			{Action: stats.TraceOOM, Addr: 123 << 20, Size: 1 << 40, TimeNs: 7000, Stack: 1},
 		},
@@ -160,8 +160,9 @@ func TestWriteStructure(t *testing.T) {
 	e0 := tr[0].(map[string]any)
 	assert.Equal(t, map[string]any{
 		"action": "segment_map", "addr": base, "size": int64(2 << 20), "stream": int64(0),
-		"time_us": int64(5), "frames": []any{},
+		"time_us": int64(5), "frames": []any{}, "pool_id": []any{int64(0), int64(0)},
 	}, e0)
+	assert.Equal(t, []any{int64(1), int64(0)}, tr[1].(map[string]any)["pool_id"], "the entry's pool, as PyTorch writes it")
 	oom := tr[2].(map[string]any)
 	assert.Equal(t, "oom", oom["action"])
 	assert.Equal(t, int64(123<<20), oom["device_free"])

@@ -114,6 +114,7 @@ enum {
 	X(cuStreamCreate, 1)                                  \
 	X(cuStreamDestroy_v2, 1)                              \
 	X(cuStreamSynchronize, 1)                             \
+	X(cuStreamGetCtx, 0)                                  \
 	X(cuEventCreate, 1)                                   \
 	X(cuEventRecord, 1)                                   \
 	X(cuEventQuery, 1)                                    \
@@ -711,6 +712,13 @@ static struct stream *findStream(CUstream s) {
 	return NULL;
 }
 
+/* isDefaultStream: NULL, CU_STREAM_LEGACY (0x1) and CU_STREAM_PER_THREAD
+ * (0x2) name the current context's default stream, which the double runs
+ * at once (no work on it is ever pending). */
+static int isDefaultStream(CUstream s) {
+	return s == NULL || (uintptr_t)s == 1 || (uintptr_t)s == 2;
+}
+
 static struct event *findEvent(CUevent e) {
 	for (struct event *x = events; x; x = x->next)
 		if ((void *)x == e)
@@ -761,10 +769,29 @@ CUresult cuStreamDestroy_v2(CUstream s) {
 CUresult cuStreamSynchronize(CUstream s) {
 	ENTER(cuStreamSynchronize);
 	struct stream *x = findStream(s);
-	if (s != NULL && !x)
+	if (!isDefaultStream(s) && !x)
 		RETURN(CUDA_ERROR_INVALID_HANDLE);
 	if (x)
 		x->done = x->queued;
+	RETURN(CUDA_SUCCESS);
+}
+
+/* cuStreamGetCtx: the context of a created stream; a default-stream handle
+ * names the current context. */
+CUresult cuStreamGetCtx(CUstream s, CUcontext *pctx) {
+	ENTER(cuStreamGetCtx);
+	if (!pctx)
+		RETURN(CUDA_ERROR_INVALID_VALUE);
+	if (isDefaultStream(s)) {
+		if (!current)
+			RETURN(CUDA_ERROR_INVALID_CONTEXT);
+		*pctx = current;
+		RETURN(CUDA_SUCCESS);
+	}
+	struct stream *x = findStream(s);
+	if (!x)
+		RETURN(CUDA_ERROR_INVALID_HANDLE);
+	*pctx = &ctxs[x->dev];
 	RETURN(CUDA_SUCCESS);
 }
 
@@ -784,7 +811,7 @@ CUresult cuEventRecord(CUevent e, CUstream s) {
 	ENTER(cuEventRecord);
 	struct event *x = findEvent(e);
 	struct stream *st = findStream(s);
-	if (!x || (s != NULL && !st))
+	if (!x || (!isDefaultStream(s) && !st))
 		RETURN(CUDA_ERROR_INVALID_HANDLE);
 	if (st && st->dev != x->dev)
 		RETURN(CUDA_ERROR_INVALID_HANDLE); /* event and stream of different contexts */
@@ -910,7 +937,7 @@ CUresult cuMemHostGetDevicePointer_v2(CUdeviceptr *d, void *p, unsigned int flag
 /* ---- data: the stream's device must have access to every byte ---- */
 
 static int streamDev(CUstream s) {
-	if (s == NULL)
+	if (isDefaultStream(s))
 		return current ? current->dev : -1;
 	struct stream *x = findStream(s);
 	return x ? x->dev : -1;
