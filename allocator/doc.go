@@ -381,6 +381,15 @@
 //     growth held is not refused to the other. holdForGrowth
 //     raises and lowers the handle cache's limit by its own amount, so
 //     overlapping growths each undo only their raise.
+//   - Pool.Sleep and Pool.Wake (sleep.go): mark the pool Sleeping or
+//     Waking (its Malloc, RecordStream, releases and a second Sleep or
+//     Wake are refused or skip it) and its ranges in flight in their
+//     segments (Segment.BeginUnmap, Segment.BeginMapKept); Sleep drops mu
+//     for its stream synchronizes and for one window of pinned
+//     allocations, backup copies, Unmapped reports, unmaps and handle
+//     frees; Wake for one window of creates, maps, SetAccess, restore
+//     copies and Mapped reports, with a ticket in growths and its bytes in
+//     mappingBytes, as a growth's.
 //
 // So Malloc, Free, Synchronize, ReleaseStream, EmptyCache and Close may
 // drop and retake mu, and each re-validates after: a Malloc whose stream

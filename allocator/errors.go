@@ -34,6 +34,9 @@ type OutOfMemoryError struct {
 	Allocated uint64 // bytes in allocated blocks
 	Reserved  uint64 // bytes mapped by this allocator
 	Stranded  uint64 // of Reserved, bytes held for streams destroyed without ReleaseStream (see ReleaseStream)
+	// AsleepAllocated is the bytes of Allocated in pools asleep
+	// (Pool.Sleep): allocated, but not mapped, so not in Reserved.
+	AsleepAllocated uint64
 	// ExporterHeld is the bytes of ExporterHeldHandles physical handles the
 	// allocator has unmapped (not in Reserved) that exporters
 	// (allocator/ipc) still hold for open exports: device memory this
@@ -65,7 +68,10 @@ func (e *OutOfMemoryError) Error() string {
 		s += humanize.IBytes(e.Allowed) + " allowed; "
 	}
 	s += fmt.Sprintf("Of the allocated memory %s is allocated by vmmalloc, and %s is reserved by vmmalloc but unallocated.",
-		humanize.IBytes(e.Allocated), humanize.IBytes(e.Reserved-e.Allocated))
+		humanize.IBytes(e.Allocated), humanize.IBytes(e.Reserved-min(e.Reserved, e.Allocated-min(e.Allocated, e.AsleepAllocated))))
+	if e.AsleepAllocated != 0 {
+		s += fmt.Sprintf(" %s of the allocated memory is in pools asleep, not mapped until they wake.", humanize.IBytes(e.AsleepAllocated))
+	}
 	if e.Stranded != 0 {
 		s += fmt.Sprintf(" %s is stranded on streams destroyed without ReleaseStream.", humanize.IBytes(e.Stranded))
 	}

@@ -158,16 +158,17 @@ func (a *Allocator) allocSlow(ss *streamState, cl *sizeClass, rounded, size uint
 	}
 	free, _, _ := a.drv.MemGetInfo(a.dev)
 	oom := &OutOfMemoryError{
-		Device:    a.dev,
-		Requested: size,
-		Tried:     a.growSize(ss.pool, cl, rounded),
-		Total:     a.total,
-		Free:      free,
-		Allocated: uint64(a.st.AllocatedBytes[0].Current),
-		Reserved:  uint64(a.st.ReservedBytes[0].Current),
-		Stranded:  a.strandedBytes(),
-		Owned:     a.owned.bytes.Load(),
-		OwnedGC:   a.cfg.OwnedBufferGC,
+		Device:          a.dev,
+		Requested:       size,
+		Tried:           a.growSize(ss.pool, cl, rounded),
+		Total:           a.total,
+		Free:            free,
+		Allocated:       uint64(a.st.AllocatedBytes[0].Current),
+		Reserved:        uint64(a.st.ReservedBytes[0].Current),
+		Stranded:        a.strandedBytes(),
+		Owned:           a.owned.bytes.Load(),
+		AsleepAllocated: a.asleepAllocated(),
+		OwnedGC:         a.cfg.OwnedBufferGC,
 	}
 	_, _, held, heldBytes := a.exportedTotals()
 	oom.ExporterHeld, oom.ExporterHeldHandles = uint64(heldBytes), int(held)

@@ -280,6 +280,9 @@ func (a *Allocator) histFreeRequested(id arena.BlockID) {
 	c := h.count(profKey{stack: allocID, stream: b.Stream, pool: a.classes[a.heap.PoolOf(id)].kind})
 	c.frees++
 	c.freeBytes += int64(b.Size)
+	if a.ownerOf(id).pool.asleep {
+		return // the trace freed it at Sleep (histSleep)
+	}
 	h.record(stats.TraceFreeRequested, b.Addr, b.Requested, b.Stream, h.callerStack(), a.blockPool(b))
 	if b.Events == 0 {
 		h.record(stats.TraceFreeCompleted, b.Addr, b.Requested, b.Stream, 0, a.blockPool(b))
@@ -289,6 +292,9 @@ func (a *Allocator) histFreeRequested(id arena.BlockID) {
 // histFreeCompleted records that b, whose free waited on stream events, is
 // back in its pool (before freeBlock clears its requested size). mu held.
 func (a *Allocator) histFreeCompleted(id arena.BlockID) {
+	if a.ownerOf(id).pool.asleep {
+		return // the trace freed it at Sleep (histSleep)
+	}
 	b, _ := a.heap.Block(id)
 	a.hist.record(stats.TraceFreeCompleted, b.Addr, b.Requested, b.Stream, 0, a.blockPool(b))
 }
@@ -349,6 +355,82 @@ func (a *Allocator) histHandOver(addr uintptr, size uint64, from, to backend.Str
 	}
 	a.hist.record(stats.TraceSegmentUnmap, addr, size, from, 0, pool)
 	a.hist.record(stats.TraceSegmentMap, addr, size, to, 0, pool)
+}
+
+// histSleep records pool p's memory given back by Sleep (sleeping) or
+// mapped again by Wake as PyTorch's viewer must see it to replay the
+// trace to the snapshot (which shows an asleep pool's memory unmapped:
+// MemorySnapshot): at sleep, a free_requested and free_completed entry
+// per allocated block, then segment_unmap entries, one per run of
+// adjacent handles of one owner (stream); at wake, segment_map entries,
+// then an alloc entry per allocated block (and a free_requested one for
+// a block freed while asleep whose free still waits on events), with
+// the stack of its Malloc. Frees while asleep record nothing
+// (histFreeRequested). The profile counters are not touched: the blocks
+// stay allocated. mu held.
+func (a *Allocator) histSleep(p *Pool, sl *poolSleep, sleeping bool) {
+	h := a.hist
+	if h == nil {
+		return
+	}
+	blocks := func() {
+		a.sleptSpans(sl, func(start, end uintptr, _ *streamState) {
+			for id := a.heap.Find(start); id != arena.NoBlock; id = a.heap.Next(id) {
+				b, _ := a.heap.Block(id)
+				if b.Addr >= end {
+					break
+				}
+				pool := a.blockPool(b)
+				switch {
+				case sleeping && b.State == arena.Allocated:
+					h.record(stats.TraceFreeRequested, b.Addr, b.Requested, b.Stream, 0, pool)
+					h.record(stats.TraceFreeCompleted, b.Addr, b.Requested, b.Stream, 0, pool)
+				case !sleeping && (b.State == arena.Allocated || b.State == arena.PendingFree):
+					h.record(stats.TraceAlloc, b.Addr, b.Requested, b.Stream, a.blockStack(b), pool)
+					if b.State == arena.PendingFree {
+						h.record(stats.TraceFreeRequested, b.Addr, b.Requested, b.Stream, 0, pool)
+					}
+				}
+			}
+		})
+	}
+	sign := int64(1)
+	if sleeping {
+		sign = -1
+		blocks()
+	}
+	a.sleptSpans(sl, func(start, end uintptr, owner *streamState) {
+		a.histReserve(false, start, sign*int64(end-start), owner)
+	})
+	if !sleeping {
+		blocks()
+	}
+}
+
+// sleptSpans calls f with each run of adjacent handles of sl of one
+// owner (a handle holds blocks of one owner), in address order. mu held.
+func (a *Allocator) sleptSpans(sl *poolSleep, f func(start, end uintptr, owner *streamState)) {
+	var (
+		start, end uintptr
+		owner      *streamState
+	)
+	for _, r := range sl.runs {
+		va := r.sg.base + uintptr(r.off)
+		var o *streamState
+		if id := a.heap.Find(va); id != arena.NoBlock {
+			o = a.ownerOf(id)
+		}
+		if va != end || o != owner {
+			if end > start {
+				f(start, end, owner)
+			}
+			start, owner = va, o
+		}
+		end = va + uintptr(r.size)
+	}
+	if end > start {
+		f(start, end, owner)
+	}
 }
 
 // histEmptyCache records a call of EmptyCache. mu held.

@@ -4,6 +4,8 @@ import (
 	"io"
 	"runtime"
 
+	"github.com/vmmalloc/vmmalloc/arena"
+	"github.com/vmmalloc/vmmalloc/stats"
 	"github.com/vmmalloc/vmmalloc/stats/memviz"
 )
 
@@ -20,6 +22,7 @@ func (a *Allocator) MemorySnapshot() memviz.Snapshot {
 	a.mu.Lock()
 	a.quiesceWaits()
 	st := a.snapshotLocked()
+	a.unmapAsleep(st)
 	var h HistoryRecord
 	if a.hist != nil {
 		h = HistoryRecord{Entries: a.hist.ring.Entries(), Stacks: a.hist.stackTable()}
@@ -74,6 +77,23 @@ func resolveFrames(pcs []uintptr) []memviz.Frame {
 		out = append(out, memviz.Frame{Filename: f.File, Line: f.Line, Name: f.Function})
 		if !more {
 			return out
+		}
+	}
+}
+
+// unmapAsleep shows the blocks of pools not awake as unmapped: their
+// memory is given back, and the trace says so (histSleep), so that the
+// viewer's replay of the trace reaches the snapshot. mu held.
+func (a *Allocator) unmapAsleep(st stats.Snapshot) {
+	for i, sg := range a.segs { // snapshotLocked's order: st.Segments[i] is sg
+		r, _ := a.heap.Region(sg.rid)
+		j := 0
+		for id := r.Head; id != arena.NoBlock; id = a.heap.Next(id) {
+			b := &st.Segments[i].Blocks[j]
+			j++
+			if b.State != stats.BlockUnmapped && a.ownerOf(id).pool.asleep {
+				*b = stats.BlockInfo{Address: b.Address, Size: b.Size, State: stats.BlockUnmapped}
+			}
 		}
 	}
 }

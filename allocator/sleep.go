@@ -50,15 +50,27 @@ import (
 // out-of-memory ladder, Synchronize, ReleaseStream, reclaim) skip a pool
 // that is not awake (releasable, releaseBlock).
 //
-// Locking: Sleep and Wake hold Allocator.mu except in waitUnlocked
-// windows: the stream synchronizes, the backup copies (with the pinned
-// allocations and the Unmapped reports), the restore copies (with the
-// Mapped reports) and the frees of pinned buffers. The unmaps and
-// FreePhysical calls of Sleep and the creates, maps and SetAccess of Wake
-// are made with mu held, as a classic growth's are. Both start with
-// quiesceWaits, so no growth or release of the pool is in flight, and set
-// the state first, so no Malloc or RecordStream of the pool starts and no
-// release touches it while mu is dropped.
+// Locking: Sleep and Wake make their driver calls with Allocator.mu
+// dropped (waitUnlocked), as a growth does (mapGrowth): Sleep's stream
+// synchronizes, then one window with the pinned allocations, the backup
+// copies, the Unmapped reports, the unmaps (Segment.BeginUnmap under mu,
+// UnmapOp.Run without, EndUnmapKeep under mu again) and the FreePhysical
+// calls; Wake's one window with the creates, the maps and SetAccess
+// (Segment.BeginMapKept, KeptMap.Run, EndMapKept), the restore copies and
+// the Mapped reports, its bytes counted in mappingBytes and a ticket in
+// growths meanwhile; the frees of pinned buffers. So cache hits on other
+// pools and streams go on during a sleep or wake (TestSleepWakeDriver-
+// CallsWithoutLock). Both start with quiesceWaits, so no growth or
+// release of the pool is in flight, and set the state first, so no
+// Malloc or RecordStream of the pool starts, no release touches it and a
+// second Sleep or Wake of it is refused (ErrSleepInProgress) while mu is
+// dropped; the segments refuse any other map or unmap of the ranges in
+// flight. Rollbacks after a failed window (a sleep's handles mapped back)
+// run under mu, as a failed growth's do.
+//
+// Backups are per run of adjacent allocated blocks: one pinned buffer and
+// one copy each, whatever the number of tensors (a model's weights,
+// allocated one after another, are one run per segment).
 
 // SleepState is a pool's place in the sleep/wake state machine.
 type SleepState int32
@@ -156,9 +168,12 @@ type poolSleep struct {
 	runs []sleptRun
 	// bytes are the nbytes asleep per size class (index as a.classes).
 	bytes [2]uint64
-	// backups are the host copies of the allocated blocks, by block
-	// address.
-	backups map[uintptr]*hostBuf
+	// backups are the host copies of the pool's allocated bytes, one per
+	// run of adjacent allocated blocks, ascending by address.
+	backups []backupRun
+	// backupOf maps the address of every allocated block backed up to
+	// its run's index in backups.
+	backupOf map[uintptr]int
 	// spare are pinned buffers not holding a backup: kept after Wake
 	// (KeepHostBuffers) and backups of blocks freed while asleep.
 	spare []*hostBuf
@@ -171,6 +186,14 @@ type sleptRun struct {
 	off  uint64 // from sg.base
 	size uint64 // nbytes
 	held backend.Handle
+}
+
+// backupRun is the host copy of a run of adjacent allocated blocks: the
+// buf.n bytes from addr.
+type backupRun struct {
+	addr uintptr
+	buf  *hostBuf // nil once every block of the run was freed (the buffer went to spare)
+	live int      // the run's blocks still allocated
 }
 
 // hostBuf is one host buffer: pinned (from host, at ptr) or Go memory.
@@ -231,15 +254,21 @@ func (p *Pool) Sleep(o SleepOptions) error {
 	a := p.a
 	a.mu.Lock()
 	defer a.unlock()
-	a.quiesceWaits()
-	if err := p.live(); err != nil {
-		return err
-	}
-	if sl := p.sleep; sl != nil && sl.state != Awake {
-		if sl.state == Sleeping || sl.state == Waking {
-			return fmt.Errorf("%w: pool %q is %s", ErrSleepInProgress, p.name, sl.state)
+	// The state is checked before quiesceWaits too, so that a Sleep or
+	// Wake during another one's driver calls is refused at once.
+	for q := 0; q < 2; q++ {
+		if err := p.live(); err != nil {
+			return err
 		}
-		return p.notAwake()
+		if sl := p.sleep; sl != nil && sl.state != Awake {
+			if sl.state == Sleeping || sl.state == Waking {
+				return fmt.Errorf("%w: pool %q is %s", ErrSleepInProgress, p.name, sl.state)
+			}
+			return p.notAwake()
+		}
+		if q == 0 {
+			a.quiesceWaits()
+		}
 	}
 	if !p.expandable {
 		return fmt.Errorf("%w: pool %q: sleep needs expandable segments", ErrInvalidPool, p.name)
@@ -284,6 +313,13 @@ func (p *Pool) Sleep(o SleepOptions) error {
 // sleep is Sleep's work once the state is Sleeping; on failure before the
 // first handle is freed it restores everything and leaves the state
 // Sleeping (Sleep makes it Awake). mu held (dropped in windows).
+//
+// Its driver work runs in one window with mu dropped: the pinned
+// allocations and backup copies, the Unmapped reports, the unmaps (begun
+// under mu with Segment.BeginUnmap, so the segment refuses any other map
+// or unmap of the ranges, and ended with EndUnmapKeep) and, once every
+// unmap succeeded, the FreePhysical calls. A failure before the frees
+// maps the kept handles back under mu, as a failed growth's rollback.
 func (a *Allocator) sleep(p *Pool, sl *poolSleep, c backend.Copier, s backend.Stream) error {
 	if a.exportedIn(p) {
 		return fmt.Errorf("%w: pool %q", ErrPoolExported, p.name)
@@ -301,25 +337,31 @@ func (a *Allocator) sleep(p *Pool, sl *poolSleep, c backend.Copier, s backend.St
 	if pending > 0 {
 		return fmt.Errorf("%w: pool %q has %d frees pending on work the sleep cannot wait for", ErrPoolBusy, p.name, pending)
 	}
-	// The backups: every allocated block's requested bytes, in buffers
-	// kept from an earlier sleep where one fits.
-	var bufs []*hostBuf
-	var addrs []uintptr
-	var sizes []uint64
+	// The backups: the requested bytes of every run of adjacent
+	// allocated blocks, one copy and one buffer each, in buffers kept
+	// from an earlier sleep where one fits.
+	var plan []backupPlan
 	if sl.opts.Mode == Offload {
-		for _, r := range ranges {
-			for id := a.heap.Find(r.Addr); id != arena.NoBlock; id = a.heap.Next(id) {
-				b, _ := a.heap.Block(id)
-				if b.Addr >= r.Addr+uintptr(r.Size) {
-					break
-				}
-				if b.State == arena.Allocated {
-					addrs = append(addrs, b.Addr)
-					sizes = append(sizes, b.Requested)
-					bufs = append(bufs, sl.takeSpare(b.Requested, sl.opts.Host))
-				}
+		plan = a.planBackups(ranges)
+	}
+	bufs := make([]*hostBuf, len(plan))
+	for i, pl := range plan {
+		bufs[i] = sl.takeSpare(pl.n, sl.opts.Host)
+	}
+	// Begin the unmaps: the segments refuse any other map or unmap of
+	// the ranges until they end.
+	ums := make([]sleepUnmap, 0, len(ranges))
+	for _, r := range ranges {
+		sg := a.segAt(r.Addr)
+		op, err := sg.s.BeginUnmap(uint64(r.Addr-sg.base), r.Size)
+		if err != nil {
+			for _, u := range ums {
+				_, _ = u.sg.s.EndUnmapKeep(u.op) // unrun: nothing unmapped
 			}
+			a.spareBufs(sl, bufs)
+			return fmt.Errorf("vmmalloc: sleep of pool %q: %w: %w", p.name, ErrCorrupt, err)
 		}
+		ums = append(ums, sleepUnmap{sg: sg, op: op, hs: op.KeptHandles()})
 	}
 	hs := a.hookList()
 	var rs []SegmentRange
@@ -327,51 +369,57 @@ func (a *Allocator) sleep(p *Pool, sl *poolSleep, c backend.Copier, s backend.St
 		rs = ranges
 	}
 	host := sl.opts.Host
+	var (
+		copied   bool    // the backups are made and the Unmapped reports sent
+		freeErrs []error // per handle, in ums order: its FreePhysical's failure
+		freed    int64
+	)
 	err := a.waitUnlocked(func() error {
-		for i, ad := range addrs {
+		for i, pl := range plan {
 			if bufs[i] == nil {
-				b, err := newHostBuf(host, sizes[i])
+				b, err := newHostBuf(host, pl.n)
 				if err != nil {
 					return err
 				}
 				bufs[i] = b
 			}
-			bufs[i].n = sizes[i]
-			if err := c.CopyDtoH(bufs[i].bytes(sizes[i]), ad, s); err != nil {
-				return fmt.Errorf("back up [%#x, +%#x): %w", ad, sizes[i], err)
+			bufs[i].n = pl.n
+			if err := c.CopyDtoH(bufs[i].bytes(pl.n), pl.addr, s); err != nil {
+				return fmt.Errorf("back up [%#x, +%#x): %w", pl.addr, pl.n, err)
 			}
 		}
 		reportUnmapped(hs, rs) // idle now, still mapped
-		return nil
-	})
-	if err != nil {
-		for _, b := range bufs {
-			if b != nil {
-				sl.spare = append(sl.spare, b)
+		copied = true
+		for _, u := range ums {
+			if u.op.Run(); u.op.Err() != nil {
+				return u.op.Err()
 			}
 		}
-		if !sl.opts.KeepHostBuffers {
-			_ = a.freeSpares(sl) // a failure keeps them for a retry
+		for _, u := range ums {
+			for _, k := range u.hs {
+				ferr := a.drv.FreePhysical(k.Handle)
+				if ferr == nil {
+					freed++
+				}
+				freeErrs = append(freeErrs, ferr)
+			}
 		}
-		return fmt.Errorf("vmmalloc: sleep of pool %q: %w", p.name, err)
-	}
-	// Unmap every handle, keeping it: on a failure they are mapped back
-	// with their bytes.
+		return nil
+	})
+	// End the unmaps: the handles unmapped are the sleep's to keep.
 	var kept []sleptRun
-	for _, r := range ranges {
-		sg := a.segAt(r.Addr)
-		ks, uerr := sg.s.UnmapKeep(uint64(r.Addr-sg.base), r.Size)
+	for _, u := range ums {
+		ks, _ := u.sg.s.EndUnmapKeep(u.op) // err: the window's own
 		for _, k := range ks {
-			kept = append(kept, sleptRun{sg: sg, off: k.Off, size: k.Size, held: k.Handle})
-		}
-		if uerr != nil {
-			err = uerr
-			break
+			kept = append(kept, sleptRun{sg: u.sg, off: k.Off, size: k.Size, held: k.Handle})
 		}
 	}
+	a.counters.HandlesFreed += freed
 	if err != nil {
+		// Nothing was freed (frees follow every unmap): map back what
+		// was unmapped, with its bytes.
 		rerr := a.remapKept(kept)
-		if hs != nil {
+		if hs != nil && copied {
 			_ = a.waitUnlocked(func() error {
 				for _, r := range rs {
 					_ = reportMapped(hs, r) // best effort: mapped again either way
@@ -379,35 +427,38 @@ func (a *Allocator) sleep(p *Pool, sl *poolSleep, c backend.Copier, s backend.St
 				return nil
 			})
 		}
-		for _, b := range bufs {
-			sl.spare = append(sl.spare, b)
-		}
-		if !sl.opts.KeepHostBuffers {
-			_ = a.freeSpares(sl) // a failure keeps them for a retry
-		}
+		a.spareBufs(sl, bufs)
 		return errors.Join(fmt.Errorf("vmmalloc: sleep of pool %q: %w", p.name, err), rerr)
 	}
 	// Past the point of return: the pool is asleep.
+	var ferrs []error
+	for i := range kept {
+		r := &kept[i]
+		if freeErrs[i] == nil {
+			r.held = 0
+			continue
+		}
+		ferrs = append(ferrs, fmt.Errorf("%w: handle at %#x kept for Wake: %w", segment.ErrHandleNotFreed, r.sg.base+uintptr(r.off), freeErrs[i]))
+	}
 	sl.state = Asleep
 	sl.runs = kept
 	a.countSlept(p, sl, -1)
-	var ferrs []error
-	for i := range sl.runs {
-		r := &sl.runs[i]
-		if ferr := a.drv.FreePhysical(r.held); ferr != nil {
-			ferrs = append(ferrs, fmt.Errorf("%w: handle at %#x kept for Wake: %w", segment.ErrHandleNotFreed, r.sg.base+uintptr(r.off), ferr))
+	a.histSleep(p, sl, true)
+	sl.backups = make([]backupRun, 0, len(plan))
+	sl.backupOf = make(map[uintptr]int, len(plan))
+	for i, pl := range plan {
+		br := backupRun{addr: pl.addr, buf: bufs[i]}
+		for _, ad := range pl.blocks {
+			if id := a.heap.Lookup(ad); id != arena.NoBlock && a.ownerOf(id).pool == p && a.heap.State(id) == arena.Allocated {
+				sl.backupOf[ad] = len(sl.backups)
+				br.live++
+			} // else freed while the copies ran
+		}
+		if br.live == 0 {
+			sl.spare = append(sl.spare, br.buf)
 			continue
 		}
-		a.counters.HandlesFreed++
-		r.held = 0
-	}
-	sl.backups = make(map[uintptr]*hostBuf, len(addrs))
-	for i, ad := range addrs {
-		if id := a.heap.Lookup(ad); id != arena.NoBlock && a.ownerOf(id).pool == p {
-			sl.backups[ad] = bufs[i]
-		} else { // freed while the copies ran
-			sl.spare = append(sl.spare, bufs[i])
-		}
+		sl.backups = append(sl.backups, br)
 	}
 	// Buffers neither kept for a backup nor needed: no growth across
 	// cycles. A failure keeps them for a retry; the sleep is done.
@@ -416,6 +467,67 @@ func (a *Allocator) sleep(p *Pool, sl *poolSleep, c backend.Copier, s backend.St
 		return fmt.Errorf("vmmalloc: sleep of pool %q: %w", p.name, errors.Join(ferrs...))
 	}
 	return nil
+}
+
+// sleepUnmap is one range Sleep unmaps: its segment, the unmap in flight,
+// and the handles it covers.
+type sleepUnmap struct {
+	sg *seg
+	op *segment.UnmapOp
+	hs []segment.KeptHandle
+}
+
+// backupPlan is one backup Sleep makes: the n bytes at addr, from the
+// first byte of the first of blocks (adjacent allocated blocks, by
+// address) to the last requested byte of the last.
+type backupPlan struct {
+	addr   uintptr
+	n      uint64
+	blocks []uintptr
+}
+
+// planBackups lists the runs of adjacent allocated blocks in ranges (the
+// pool's memory): one copy each, of the bytes from the first block's
+// start to the last block's last requested byte; the padding of the
+// blocks inside a run is copied with them, free blocks are not. mu held.
+func (a *Allocator) planBackups(ranges []SegmentRange) []backupPlan {
+	var plan []backupPlan
+	for _, r := range ranges {
+		open := false
+		var end uintptr // the open run's last block's end
+		for id := a.heap.Find(r.Addr); id != arena.NoBlock; id = a.heap.Next(id) {
+			b, _ := a.heap.Block(id)
+			if b.Addr >= r.Addr+uintptr(r.Size) {
+				break
+			}
+			if b.State != arena.Allocated {
+				open = false
+				continue
+			}
+			if !open || b.Addr != end {
+				plan = append(plan, backupPlan{addr: b.Addr})
+				open = true
+			}
+			pl := &plan[len(plan)-1]
+			pl.n = uint64(b.Addr-pl.addr) + b.Requested
+			pl.blocks = append(pl.blocks, b.Addr)
+			end = b.End()
+		}
+	}
+	return plan
+}
+
+// spareBufs puts the buffers of a failed Sleep back to the spares, and
+// gives them back unless the options keep them. mu held.
+func (a *Allocator) spareBufs(sl *poolSleep, bufs []*hostBuf) {
+	for _, b := range bufs {
+		if b != nil {
+			sl.spare = append(sl.spare, b)
+		}
+	}
+	if !sl.opts.KeepHostBuffers {
+		_ = a.freeSpares(sl) // a failure keeps them for a retry
+	}
 }
 
 // Wake maps the memory of a sleeping pool again at exactly its old
@@ -435,16 +547,21 @@ func (p *Pool) Wake() error {
 	a := p.a
 	a.mu.Lock()
 	defer a.unlock()
-	a.quiesceWaits()
-	if err := p.live(); err != nil {
-		return err
-	}
-	sl := p.sleep
-	if sl == nil || sl.state == Awake {
-		return fmt.Errorf("%w: pool %q", ErrPoolAwake, p.name)
-	}
-	if sl.state != Asleep {
-		return fmt.Errorf("%w: pool %q is %s", ErrSleepInProgress, p.name, sl.state)
+	var sl *poolSleep
+	for q := 0; q < 2; q++ { // before and after quiesceWaits, as Sleep
+		if err := p.live(); err != nil {
+			return err
+		}
+		sl = p.sleep
+		if sl == nil || sl.state == Awake {
+			return fmt.Errorf("%w: pool %q", ErrPoolAwake, p.name)
+		}
+		if sl.state != Asleep {
+			return fmt.Errorf("%w: pool %q is %s", ErrSleepInProgress, p.name, sl.state)
+		}
+		if q == 0 {
+			a.quiesceWaits()
+		}
 	}
 	sl.state = Waking
 	err := a.wake(p, sl)
@@ -465,96 +582,190 @@ func (a *Allocator) wake(p *Pool, sl *poolSleep) error {
 			return a.wakeOOM(p, total, nil)
 		}
 	}
-	fresh, err := a.createRuns(sl)
-	if err != nil && isOOM(err) {
+	oom, err := a.wakeRuns(p, sl, total)
+	if oom {
 		// The ladder: cached handles, then every awake pool's free
 		// memory (releaseAll skips pools that are not awake).
 		for _, st := range a.statsOf(p) {
 			st.NumAllocRetries++
 		}
 		_ = errors.Join(a.trimCaches(), a.releaseAll())
-		fresh, err = a.createRuns(sl)
-		if err != nil && isOOM(err) {
+		if oom, err = a.wakeRuns(p, sl, total); oom {
 			return a.wakeOOM(p, total, err)
 		}
 	}
 	if err != nil {
-		return fmt.Errorf("vmmalloc: wake of pool %q: %w", p.name, err)
-	}
-	for i := range sl.runs {
-		r := &sl.runs[i]
-		h := fresh[i]
-		if h == 0 {
-			h = r.held
-		}
-		if err = r.sg.s.MapKept(segment.KeptHandle{Off: r.off, Size: r.size, Handle: h}); err != nil {
-			rerr := a.unmapRuns(sl.runs[:i])
-			a.freeFresh(sl, fresh)
-			return errors.Join(fmt.Errorf("vmmalloc: wake of pool %q: %w", p.name, err), rerr)
-		}
-	}
-	a.countSlept(p, sl, +1)
-	// Restore and report with mu dropped: the pool is Waking, so nothing
-	// allocates or releases its memory meanwhile; a Free moves the
-	// block's backup to the spares, where the copy may still read it.
-	c, _ := a.drv.(backend.Copier)
-	s := sl.opts.Stream
-	if s == 0 {
-		s = a.defaultS
-	}
-	type restore struct {
-		addr uintptr
-		buf  *hostBuf
-	}
-	var todo []restore
-	for ad, b := range sl.backups {
-		todo = append(todo, restore{ad, b})
-	}
-	slices.SortFunc(todo, func(x, y restore) int { return cmpAddr(x.addr, y.addr) })
-	hs := a.hookList()
-	var rs []SegmentRange
-	if hs != nil {
-		rs, _ = a.poolRanges(p)
-	}
-	var accepted []SegmentRange
-	err = a.waitUnlocked(func() error {
-		for _, t := range todo {
-			if err := c.CopyHtoD(t.addr, t.buf.bytes(t.buf.n), s); err != nil {
-				return fmt.Errorf("restore [%#x, +%#x): %w", t.addr, t.buf.n, err)
-			}
-		}
-		for _, r := range rs {
-			if err := reportMapped(hs, r); err != nil {
-				reportUnmapped(hs, accepted)
-				return err
-			}
-			accepted = append(accepted, r)
-		}
-		return nil
-	})
-	if err != nil {
-		a.countSlept(p, sl, -1)
-		rerr := a.unmapRuns(sl.runs)
-		a.freeFresh(sl, fresh)
 		var hk *SegmentHookError
 		if errors.As(err, &hk) {
-			return errors.Join(err, rerr)
+			return err
 		}
-		return errors.Join(fmt.Errorf("vmmalloc: wake of pool %q: %w", p.name, err), rerr)
+		return fmt.Errorf("vmmalloc: wake of pool %q: %w", p.name, err)
 	}
 	sl.state = Awake
 	p.asleep = false
+	a.countSlept(p, sl, +1)
+	a.histSleep(p, sl, false)
 	sl.runs = nil
 	for _, b := range sl.backups {
-		sl.spare = append(sl.spare, b)
+		if b.buf != nil {
+			sl.spare = append(sl.spare, b.buf)
+		}
 	}
-	sl.backups = nil
+	sl.backups, sl.backupOf = nil, nil
 	if !sl.opts.KeepHostBuffers {
 		// The pool is awake; a buffer whose free failed stays a spare
 		// for a retry.
 		_ = a.freeSpares(sl)
 	}
 	return nil
+}
+
+// wakeRuns maps sl's runs again, restores the backups and reports the
+// ranges to the hooks, in one window with mu dropped, as a growth maps
+// (mapGrowth): the runs are begun under mu (Segment.BeginMapKept: the
+// segments refuse any other map or unmap of them), their total counts in
+// mappingBytes (the memory fraction cap) and has a ticket in growths (a
+// Malloc that needs memory meanwhile waits for it rather than declare an
+// out-of-memory); without mu it creates a handle for every run not held,
+// maps and sets access on each, copies the backups back and reports the
+// Mapped ranges, and on any failure undoes all of it in reverse (the
+// hooks told Unmapped, the runs unmapped, the fresh handles freed);
+// under mu again it records what is mapped and counts the calls. On
+// success the runs are mapped; on failure nothing is, and a fresh handle
+// whose free failed is kept as its run's held handle, for the next Wake.
+// oom reports that a handle creation found the device out of memory.
+// mu held (dropped once).
+func (a *Allocator) wakeRuns(p *Pool, sl *poolSleep, total uint64) (oom bool, err error) {
+	n := len(sl.runs)
+	ms := make([]*segment.KeptMap, 0, n)
+	for _, r := range sl.runs {
+		m, berr := r.sg.s.BeginMapKept(r.off, r.size)
+		if berr != nil {
+			for i, m := range ms {
+				_ = sl.runs[i].sg.s.EndMapKept(m) // unrun: nothing mapped
+			}
+			return false, fmt.Errorf("%w: %w", ErrCorrupt, berr)
+		}
+		ms = append(ms, m)
+	}
+	runs := slices.Clone(sl.runs) // read without mu
+	fresh := make([]backend.Handle, n)
+	c, _ := a.drv.(backend.Copier)
+	s := sl.opts.Stream
+	if s == 0 {
+		s = a.defaultS
+	}
+	var todo []backupRun // the backups to restore, ascending
+	for _, b := range sl.backups {
+		if b.buf != nil {
+			todo = append(todo, b)
+		}
+	}
+	hs := a.hookList()
+	var rs []SegmentRange
+	if hs != nil {
+		rs = a.wakeRanges(p, sl)
+	}
+	a.growSeq++
+	ticket := a.growSeq
+	a.growths = append(a.growths, ticket)
+	a.mappingBytes += total
+	var created, freed int64
+	err = a.waitUnlocked(func() error {
+		accepted, err := func() ([]SegmentRange, error) {
+			for i, r := range runs {
+				if r.held != 0 {
+					continue
+				}
+				h, cerr := a.drv.CreatePhysical(r.size, r.sg.s.Prop())
+				if cerr != nil {
+					oom = isOOM(cerr)
+					return nil, fmt.Errorf("create %d-byte handle for %#x: %w", r.size, r.sg.base+uintptr(r.off), cerr)
+				}
+				created++
+				fresh[i] = h
+			}
+			for i, m := range ms {
+				h := fresh[i]
+				if h == 0 {
+					h = runs[i].held
+				}
+				if merr := m.Run(h); merr != nil {
+					return nil, merr
+				}
+			}
+			for _, t := range todo {
+				if cerr := c.CopyHtoD(t.addr, t.buf.bytes(t.buf.n), s); cerr != nil {
+					return nil, fmt.Errorf("restore [%#x, +%#x): %w", t.addr, t.buf.n, cerr)
+				}
+			}
+			var accepted []SegmentRange
+			for _, r := range rs {
+				if herr := reportMapped(hs, r); herr != nil {
+					return accepted, herr
+				}
+				accepted = append(accepted, r)
+			}
+			return nil, nil
+		}()
+		if err == nil {
+			return nil
+		}
+		// Roll back: nothing of the wake stays.
+		reportUnmapped(hs, accepted)
+		var rerrs []error
+		for i := len(ms) - 1; i >= 0; i-- {
+			if uerr := ms[i].Undo(); uerr != nil {
+				rerrs = append(rerrs, fmt.Errorf("rollback incomplete: %w", uerr))
+			}
+		}
+		for i, h := range fresh {
+			if h == 0 || ms[i].Mapped() {
+				continue
+			}
+			if ferr := a.drv.FreePhysical(h); ferr == nil {
+				freed++
+				fresh[i] = 0
+			}
+		}
+		return errors.Join(append([]error{err}, rerrs...)...)
+	})
+	a.mappingBytes -= total
+	for i, t := range a.growths {
+		if t == ticket {
+			a.growths = append(a.growths[:i], a.growths[i+1:]...)
+			break
+		}
+	}
+	a.grown.Broadcast()
+	for i, m := range ms {
+		_ = sl.runs[i].sg.s.EndMapKept(m)
+		if err != nil && fresh[i] != 0 && !m.Mapped() {
+			sl.runs[i].held = fresh[i] // its free failed: Wake maps it next time
+		}
+	}
+	a.counters.HandlesCreated += created
+	a.counters.HandlesFreed += freed
+	if err != nil {
+		return oom, err
+	}
+	return false, nil
+}
+
+// wakeRanges are the ranges Wake reports Mapped: pool p's memory as
+// poolRanges finds it, with the handles of sl's runs. mu held.
+func (a *Allocator) wakeRanges(p *Pool, sl *poolSleep) []SegmentRange {
+	rs, _ := a.poolRanges(p)
+	for i := range rs {
+		r := &rs[i]
+		r.Handles = r.Handles[:0]
+		for _, run := range sl.runs {
+			if va := run.sg.base + uintptr(run.off); va >= r.Addr && va < r.Addr+uintptr(r.Size) {
+				r.Handles = append(r.Handles, HandleSpan{VA: va, Size: run.size})
+			}
+		}
+	}
+	return rs
 }
 
 func cmpAddr(x, y uintptr) int {
@@ -565,59 +776,6 @@ func cmpAddr(x, y uintptr) int {
 		return 1
 	}
 	return 0
-}
-
-// createRuns makes a fresh handle for every run not held, all or
-// nothing. mu held.
-func (a *Allocator) createRuns(sl *poolSleep) ([]backend.Handle, error) {
-	fresh := make([]backend.Handle, len(sl.runs))
-	for i, r := range sl.runs {
-		if r.held != 0 {
-			continue
-		}
-		h, err := a.drv.CreatePhysical(r.size, r.sg.s.Prop())
-		if err != nil {
-			a.freeFresh(sl, fresh)
-			return nil, fmt.Errorf("create %d-byte handle for %#x: %w", r.size, r.sg.base+uintptr(r.off), err)
-		}
-		a.counters.HandlesCreated++
-		fresh[i] = h
-	}
-	return fresh, nil
-}
-
-// freeFresh frees the handles createRuns made (unmapped). A failed free
-// keeps the handle as the run's held one, so Wake maps it next time and
-// nothing leaks. mu held.
-func (a *Allocator) freeFresh(sl *poolSleep, fresh []backend.Handle) {
-	for i, h := range fresh {
-		if h == 0 {
-			continue
-		}
-		if err := a.drv.FreePhysical(h); err != nil {
-			sl.runs[i].held = h // fresh only where none was held
-			fresh[i] = 0
-			continue
-		}
-		a.counters.HandlesFreed++
-		fresh[i] = 0
-	}
-}
-
-// unmapRuns unmaps the runs mapped by a wake being rolled back; a held
-// handle stays held. mu held.
-func (a *Allocator) unmapRuns(runs []sleptRun) error {
-	var errs []error
-	for i := len(runs) - 1; i >= 0; i-- {
-		r := &runs[i]
-		ks, err := r.sg.s.UnmapKeep(r.off, r.size)
-		if err != nil {
-			errs = append(errs, fmt.Errorf("rollback incomplete: %w", err))
-			continue
-		}
-		_ = ks // the handle is held or fresh: the caller frees fresh ones
-	}
-	return errors.Join(errs...)
 }
 
 // remapKept maps back the handles a failed sleep unmapped. mu held.
@@ -638,17 +796,18 @@ func (a *Allocator) wakeOOM(p *Pool, total uint64, cause error) error {
 	}
 	free, _, _ := a.drv.MemGetInfo(a.dev)
 	oom := &OutOfMemoryError{
-		Device:    a.dev,
-		Requested: total,
-		Tried:     total,
-		Total:     a.total,
-		Free:      free,
-		Allocated: uint64(a.st.AllocatedBytes[0].Current),
-		Reserved:  uint64(a.st.ReservedBytes[0].Current),
-		Stranded:  a.strandedBytes(),
-		Pool:      p.id,
-		PoolName:  p.name,
-		Cause:     cause,
+		Device:          a.dev,
+		Requested:       total,
+		Tried:           total,
+		Total:           a.total,
+		Free:            free,
+		Allocated:       uint64(a.st.AllocatedBytes[0].Current),
+		Reserved:        uint64(a.st.ReservedBytes[0].Current),
+		Stranded:        a.strandedBytes(),
+		AsleepAllocated: a.asleepAllocated(),
+		Pool:            p.id,
+		PoolName:        p.name,
+		Cause:           cause,
 	}
 	if a.allowed < a.total {
 		oom.Allowed = a.allowed
@@ -734,13 +893,21 @@ func (a *Allocator) freeSpares(sl *poolSleep) error {
 }
 
 // dropBackup forgets the backup of the block at ptr of a sleeping pool,
-// which Free has just freed: its buffer goes to the spares (a copy may
-// still be reading it). mu held.
+// which Free has just freed; once no block of its run is left, the run's
+// buffer goes to the spares (a copy may still be reading it) and Wake
+// restores nothing there. A run with blocks left is restored whole, the
+// freed block's bytes with it (they are undefined anyway). mu held.
 func (a *Allocator) dropBackup(p *Pool, ptr uintptr) {
 	sl := p.sleep
-	if b := sl.backups[ptr]; b != nil {
-		delete(sl.backups, ptr)
-		sl.spare = append(sl.spare, b)
+	i, ok := sl.backupOf[ptr]
+	if !ok {
+		return
+	}
+	delete(sl.backupOf, ptr)
+	r := &sl.backups[i]
+	if r.live--; r.live == 0 {
+		sl.spare = append(sl.spare, r.buf)
+		r.buf = nil
 	}
 }
 
@@ -857,9 +1024,11 @@ func (a *Allocator) dropSleep(p *Pool) error {
 		}
 	}
 	for _, b := range sl.backups {
-		sl.spare = append(sl.spare, b)
+		if b.buf != nil {
+			sl.spare = append(sl.spare, b.buf)
+		}
 	}
-	sl.backups = nil
+	sl.backups, sl.backupOf = nil, nil
 	if err := a.freeSpares(sl); err != nil {
 		errs = append(errs, err)
 	}
@@ -898,7 +1067,9 @@ func (a *Allocator) sleepTotals(p *Pool) (asleep, host int64) {
 		sl := q.sleep
 		asleep += int64(sl.bytes[0] + sl.bytes[1])
 		for _, b := range sl.backups {
-			host += int64(b.size)
+			if b.buf != nil {
+				host += int64(b.buf.size)
+			}
 		}
 		for _, b := range sl.spare {
 			host += int64(b.size)
@@ -921,7 +1092,7 @@ func (a *Allocator) checkSleeps(slept map[*Pool]uint64) error {
 			return corrupt("pool %q: asleep flag %v, sleep record %v", p.name, p.asleep, sl)
 		}
 		if sl == nil || sl.state == Awake {
-			if slept[p] != 0 || sl != nil && (len(sl.runs) != 0 || len(sl.backups) != 0 || sl.bytes != [2]uint64{}) {
+			if slept[p] != 0 || sl != nil && (len(sl.runs) != 0 || len(sl.backups) != 0 || len(sl.backupOf) != 0 || sl.bytes != [2]uint64{}) {
 				return corrupt("pool %q is awake with %d bytes asleep", p.name, slept[p])
 			}
 			continue
@@ -950,15 +1121,56 @@ func (a *Allocator) checkSleeps(slept map[*Pool]uint64) error {
 		if sum != sl.bytes || sum[0]+sum[1] != slept[p] {
 			return corrupt("pool %q asleep: runs of %v bytes, counted %v, blocks %d", p.name, sum, sl.bytes, slept[p])
 		}
-		for ad, b := range sl.backups {
-			id := a.heap.Lookup(ad)
-			if id == arena.NoBlock || a.ownerOf(id).pool != p {
-				return corrupt("pool %q asleep: backup of %#x, not an allocation of the pool", p.name, ad)
-			}
-			if info, _ := a.heap.Block(id); info.Requested != b.n || b.size < b.n {
-				return corrupt("pool %q asleep: backup of %#x holds %d bytes, the block %d", p.name, ad, b.n, info.Requested)
-			}
+		if err := a.checkBackups(p, sl); err != nil {
+			return err
 		}
 	}
 	return nil
+}
+
+// checkBackups verifies the backups of asleep pool p: every block in
+// backupOf is an allocated block of the pool inside its run, every run
+// counts its blocks in live, and holds a buffer while it has any. mu
+// held.
+func (a *Allocator) checkBackups(p *Pool, sl *poolSleep) error {
+	counts := make([]int, len(sl.backups))
+	for ad, i := range sl.backupOf {
+		if i < 0 || i >= len(sl.backups) {
+			return corrupt("pool %q asleep: block %#x's backup %d of %d", p.name, ad, i, len(sl.backups))
+		}
+		r := sl.backups[i]
+		id := a.heap.Lookup(ad)
+		if id == arena.NoBlock || a.ownerOf(id).pool != p || a.heap.State(id) != arena.Allocated {
+			return corrupt("pool %q asleep: backup of %#x, not an allocation of the pool", p.name, ad)
+		}
+		info, _ := a.heap.Block(id)
+		if r.buf == nil || ad < r.addr || uint64(ad-r.addr)+info.Requested > r.buf.n {
+			return corrupt("pool %q asleep: block %#x+%d is not inside its backup at %#x", p.name, ad, info.Requested, r.addr)
+		}
+		counts[i]++
+	}
+	for i, r := range sl.backups {
+		if counts[i] != r.live || (r.live == 0) != (r.buf == nil) {
+			return corrupt("pool %q asleep: backup at %#x counts %d blocks, holds %d", p.name, r.addr, r.live, counts[i])
+		}
+		if r.buf != nil && r.buf.size < r.buf.n {
+			return corrupt("pool %q asleep: backup at %#x holds %d bytes in a %d-byte buffer", p.name, r.addr, r.buf.n, r.buf.size)
+		}
+		if i > 0 && sl.backups[i-1].buf != nil && r.buf != nil && sl.backups[i-1].addr+uintptr(sl.backups[i-1].buf.n) > r.addr {
+			return corrupt("pool %q asleep: backups at %#x and %#x overlap", p.name, sl.backups[i-1].addr, r.addr)
+		}
+	}
+	return nil
+}
+
+// asleepAllocated is the bytes allocated in pools not awake (the
+// OutOfMemoryError's AsleepAllocated). mu held.
+func (a *Allocator) asleepAllocated() uint64 {
+	var n int64
+	for _, p := range a.pools {
+		if p != nil && p.asleep {
+			n += a.poolRec(p).AllocatedBytes[0].Current
+		}
+	}
+	return uint64(n)
 }

@@ -14,6 +14,7 @@ import (
 	"github.com/vmmalloc/vmmalloc/backend"
 	"github.com/vmmalloc/vmmalloc/backend/emulated"
 	"github.com/vmmalloc/vmmalloc/segment"
+	"github.com/vmmalloc/vmmalloc/stats"
 )
 
 // pinnedHost is a HostAllocator straight over the driver's pinned host
@@ -276,6 +277,11 @@ func TestSleepWakeOOM(t *testing.T) {
 	require.NoError(t, roll.Sleep(SleepOptions{Mode: Offload, Host: host}))
 	g, err := train.Malloc(80<<20, 0)
 	require.NoError(t, err, "the sleeping pool's memory is free at once")
+	_, err = train.Malloc(60<<20, 0)
+	require.ErrorAs(t, err, &oom)
+	assert.Equal(t, uint64(80<<20), oom.AsleepAllocated, "the rollout pool's weights are allocated, not mapped")
+	assert.Contains(t, oom.Error(), "80 MiB of the allocated memory is in pools asleep")
+	assert.Contains(t, oom.Error(), "0 B is reserved by vmmalloc but unallocated", "reserved minus the mapped allocations")
 
 	err = roll.Wake()
 	require.ErrorAs(t, err, &oom)
@@ -483,4 +489,331 @@ func TestSleepWakeConcurrent(t *testing.T) {
 	}
 	mustCheck(t, a, e)
 	assert.Zero(t, a.MemoryAllocated())
+}
+
+// TestSleepWakeDriverCallsWithoutLock holds one driver call of a Wake
+// (a handle creation, a map, a set access) or of a Sleep (an unmap) and
+// proves that meanwhile the allocator's mutex is free: a cache hit and a
+// free on another pool complete without a driver call, Stats and
+// SleepState answer (the pool is Waking or Sleeping), the pool's own
+// Malloc and a second Wake or Sleep are refused with typed errors. Then
+// the held call goes on, or fails: a failed Wake leaves the pool asleep,
+// a failed Sleep awake, with contents intact and nothing leaked.
+func TestSleepWakeDriverCallsWithoutLock(t *testing.T) {
+	type tc struct {
+		phase string
+		op    backend.Op
+	}
+	cases := []tc{{"wake", backend.OpCreate}, {"wake", backend.OpMap}, {"wake", backend.OpSetAccess}, {"sleep", backend.OpUnmap}}
+	for _, c := range cases {
+		for _, fail := range []bool{false, true} {
+			t.Run(fmt.Sprintf("%s/%v/fail=%v", c.phase, c.op, fail), func(t *testing.T) {
+				a, drv := newInterleave(t, "", emulated.WithRealMemory(), emulated.WithCapacity(256<<20))
+				s := a.DefaultStream()
+				host := newPinnedHost(drv)
+				p, err := a.NewPool(PoolOptions{Name: "rollout"})
+				require.NoError(t, err)
+				q, err := a.NewPool(PoolOptions{Name: "train"})
+				require.NoError(t, err)
+				x, err := p.Malloc(30<<20, 0)
+				require.NoError(t, err)
+				live := []patterned{fill(t, drv, s, x, 30<<20, 9)}
+				y, err := q.Malloc(1<<20, 0)
+				require.NoError(t, err)
+				require.NoError(t, a.Free(y)) // q's cache
+				opts := SleepOptions{Mode: Offload, Host: host}
+				if c.phase == "wake" {
+					require.NoError(t, p.Sleep(opts))
+				}
+				drv.hold(c.op, 1)
+				done := make(chan error, 1)
+				go func() {
+					if c.phase == "wake" {
+						done <- p.Wake()
+					} else {
+						done <- p.Sleep(opts)
+					}
+				}()
+				held := drv.next(t)
+
+				creates, maps := drv.Calls(backend.OpCreate), drv.Calls(backend.OpMap)
+				hit := make(chan error, 1)
+				go func() { // with mu held by the held call, this would block
+					z, err := q.Malloc(1<<20, 0)
+					if err == nil {
+						err = a.Free(z)
+					}
+					hit <- err
+				}()
+				require.NoError(t, recvGrow(t, hit, "a cache hit on another pool while the driver call is held"))
+				assert.Equal(t, creates, drv.Calls(backend.OpCreate))
+				assert.Equal(t, maps, drv.Calls(backend.OpMap))
+				want := Waking
+				if c.phase == "sleep" {
+					want = Sleeping
+				}
+				assert.Equal(t, want, p.SleepState())
+				assert.Positive(t, a.Stats().NumAllocRetries+1) // Stats answers
+				_, err = p.Malloc(4096, 0)
+				assert.ErrorIs(t, err, ErrPoolAsleep)
+				assert.ErrorIs(t, p.Wake(), ErrSleepInProgress)
+				assert.ErrorIs(t, p.Sleep(opts), ErrSleepInProgress)
+
+				var injected error
+				if fail {
+					injected = backend.Errorf(c.op, backend.ErrUnavailable, "", "injected")
+				}
+				held.goOn(injected)
+				err = recvGrow(t, done, c.phase)
+				switch {
+				case !fail:
+					require.NoError(t, err)
+				default:
+					require.ErrorIs(t, err, backend.ErrUnavailable)
+				}
+				wantState := map[string]SleepState{"wake": Awake, "sleep": Asleep}[c.phase]
+				if fail {
+					wantState = map[string]SleepState{"wake": Asleep, "sleep": Awake}[c.phase]
+				}
+				require.Equal(t, wantState, p.SleepState())
+				verifyQuiescent(t, a, drv)
+				if p.SleepState() == Asleep {
+					require.NoError(t, p.Wake())
+				}
+				verify(t, drv, s, live)
+				require.NoError(t, a.Free(x))
+				drainAll(t, a, drv, nil)
+				assert.Zero(t, host.Live())
+			})
+		}
+	}
+}
+
+// TestSleepWakeConcurrentContents: goroutines allocate, fill, verify and
+// free blocks on several pools of real memory while others sleep
+// (offloading to pinned or Go memory, keeping buffers or not) and wake
+// them. A pool's own RWMutex in the test orders the contents' readers and
+// writers (device work must not touch an asleep pool) against its Sleep
+// and Wake; everything else (Mallocs on other pools, Frees of asleep
+// pools' blocks, Stats, Check, the other pools' sleeps) races freely.
+// Every block's bytes survive every cycle; the invariants hold at the end.
+func TestSleepWakeConcurrentContents(t *testing.T) {
+	a, e := newAlloc(t, "", emulated.WithRealMemory(), emulated.WithCapacity(128<<20))
+	host := newPinnedHost(e)
+	s := a.DefaultStream()
+	pools := []*Pool{a.DefaultPool()}
+	for i := 0; i < 2; i++ {
+		p, err := a.NewPool(PoolOptions{Name: fmt.Sprint("p", i)})
+		require.NoError(t, err)
+		pools = append(pools, p)
+	}
+	gates := make([]sync.RWMutex, len(pools))
+	const workers, ops = 4, 60
+	var wg sync.WaitGroup
+	errc := make(chan error, workers)
+	for w := 0; w < workers; w++ {
+		wg.Add(1)
+		go func(w int) {
+			defer wg.Done()
+			rng := rand.New(rand.NewPCG(uint64(w), 11))
+			type mine struct {
+				pool int
+				b    patterned
+			}
+			var blocks []mine
+			check := func(m mine) error {
+				got := make([]byte, len(m.b.data))
+				if err := e.CopyDtoH(got, m.b.p, s); err != nil {
+					return err
+				}
+				if !bytes.Equal(got, m.b.data) {
+					return fmt.Errorf("block %#x of pool %d lost its contents", m.b.p, m.pool)
+				}
+				return nil
+			}
+			for i := 0; i < ops; i++ {
+				pi := rng.IntN(len(pools))
+				p, g := pools[pi], &gates[pi]
+				var err error
+				switch rng.IntN(6) {
+				case 0:
+					g.Lock()
+					err = p.Sleep(SleepOptions{Mode: Offload, Host: []HostAllocator{nil, host}[rng.IntN(2)], KeepHostBuffers: rng.IntN(2) == 0})
+					g.Unlock()
+					if errors.Is(err, ErrPoolAsleep) {
+						err = nil
+					}
+				case 1:
+					g.Lock()
+					err = p.Wake()
+					g.Unlock()
+					if errors.Is(err, ErrPoolAwake) {
+						err = nil
+					}
+				case 2, 3:
+					n := 1 + rng.IntN(1<<20)
+					g.RLock()
+					var x uintptr
+					if x, err = p.Malloc(uint64(n), 0); err == nil {
+						data := make([]byte, n)
+						_, _ = rand.NewChaCha8([32]byte{byte(w), byte(i)}).Read(data)
+						if err = e.CopyHtoD(x, data, s); err == nil {
+							blocks = append(blocks, mine{pi, patterned{x, data}})
+						}
+					} else if errors.Is(err, ErrPoolAsleep) {
+						err = nil
+					} else if errors.Is(err, ErrOutOfMemory) {
+						err = nil // the pools share 128 MiB
+					}
+					g.RUnlock()
+				case 4:
+					if len(blocks) > 0 {
+						j := rng.IntN(len(blocks))
+						g := &gates[blocks[j].pool]
+						g.RLock()
+						if pools[blocks[j].pool].SleepState() == Awake {
+							err = check(blocks[j])
+						}
+						g.RUnlock()
+					}
+				default:
+					if len(blocks) > 0 { // Free works asleep or awake
+						j := rng.IntN(len(blocks))
+						err = a.Free(blocks[j].b.p)
+						blocks = append(blocks[:j], blocks[j+1:]...)
+					}
+				}
+				if err != nil {
+					errc <- fmt.Errorf("worker %d op %d: %w", w, i, err)
+					return
+				}
+			}
+			// The end: wake what sleeps, verify and free everything.
+			for _, m := range blocks {
+				g := &gates[m.pool]
+				g.Lock()
+				if err := pools[m.pool].Wake(); err != nil && !errors.Is(err, ErrPoolAwake) {
+					g.Unlock()
+					errc <- err
+					return
+				}
+				err := check(m)
+				g.Unlock()
+				if err == nil {
+					err = a.Free(m.b.p)
+				}
+				if err != nil {
+					errc <- err
+					return
+				}
+			}
+		}(w)
+	}
+	wg.Wait()
+	close(errc)
+	for err := range errc {
+		require.NoError(t, err)
+	}
+	for _, p := range pools {
+		if p.SleepState() == Asleep {
+			require.NoError(t, p.Wake())
+		}
+	}
+	mustCheck(t, a, e)
+	assert.Zero(t, a.MemoryAllocated())
+	for _, p := range pools[1:] {
+		require.NoError(t, p.Close())
+	}
+	require.NoError(t, a.Close())
+	assert.Zero(t, host.Live(), "kept pinned buffers are given back when their pools or the allocator close")
+}
+
+// TestSleepWakeHistory: with history on, a sleep records every allocated
+// block of the pool freed and its memory unmapped, a wake mapped and the
+// blocks allocated again (with their stacks), a free while asleep
+// nothing; replaying the trace gives the reserved bytes and the live
+// blocks at every step, and MemorySnapshot shows the asleep pool's memory
+// unmapped, so that PyTorch's viewer, which replays the trace back from
+// the snapshot, reaches it.
+func TestSleepWakeHistory(t *testing.T) {
+	a, _ := newAlloc(t, "", emulated.WithCapacity(gib))
+	require.NoError(t, a.RecordHistory(HistoryOptions{MaxEntries: 1000, Stacks: true}))
+	p, err := a.NewPool(PoolOptions{Name: "weights"})
+	require.NoError(t, err)
+	var ptrs []uintptr
+	for _, n := range []uint64{30 << 20, 4096, 70 << 20} {
+		x, err := p.Malloc(n, 0)
+		require.NoError(t, err)
+		ptrs = append(ptrs, x)
+	}
+	other, err := a.Malloc(8<<20, 0)
+	require.NoError(t, err)
+	type replay struct {
+		reserved int64
+		live     map[uintptr]bool
+	}
+	replayed := func() replay {
+		h, ok := a.History()
+		require.True(t, ok)
+		r := replay{live: map[uintptr]bool{}}
+		for _, en := range h.Entries {
+			switch en.Action {
+			case stats.TraceSegmentMap, stats.TraceSegmentAlloc:
+				r.reserved += int64(en.Size)
+			case stats.TraceSegmentUnmap, stats.TraceSegmentFree:
+				r.reserved -= int64(en.Size)
+			case stats.TraceAlloc:
+				require.False(t, r.live[en.Addr], "alloc of live %#x", en.Addr)
+				r.live[en.Addr] = true
+			case stats.TraceFreeRequested:
+				require.True(t, r.live[en.Addr], "free of %#x, not live", en.Addr)
+				delete(r.live, en.Addr)
+			}
+		}
+		return r
+	}
+	mapped := func(ps ...uintptr) map[uintptr]bool {
+		m := map[uintptr]bool{}
+		for _, x := range ps {
+			m[x] = true
+		}
+		return m
+	}
+	r := replayed()
+	assert.Equal(t, int64(a.MemoryReserved()), r.reserved)
+	assert.Equal(t, mapped(append(ptrs, other)...), r.live)
+
+	require.NoError(t, p.Sleep(SleepOptions{}))
+	r = replayed()
+	assert.Equal(t, int64(a.MemoryReserved()), r.reserved, "the sleep's segment_unmap entries")
+	assert.Equal(t, mapped(other), r.live, "the sleep frees the pool's blocks in the trace")
+	snapActive := func() map[uintptr]bool {
+		m := map[uintptr]bool{}
+		for _, d := range a.MemorySnapshot().Devices {
+			for _, sg := range d.Segments {
+				for _, b := range sg.Blocks {
+					if b.State == stats.BlockActiveAllocated {
+						m[b.Address] = true
+					}
+				}
+			}
+		}
+		return m
+	}
+	assert.Equal(t, mapped(other), snapActive(), "the snapshot shows the asleep pool unmapped")
+	require.NoError(t, a.Free(ptrs[1])) // freed while asleep: no entry
+	assert.Equal(t, mapped(other), replayed().live)
+
+	require.NoError(t, p.Wake())
+	r = replayed()
+	assert.Equal(t, int64(a.MemoryReserved()), r.reserved, "the wake's segment_map entries")
+	assert.Equal(t, mapped(ptrs[0], ptrs[2], other), r.live)
+	assert.Equal(t, r.live, snapActive())
+	h, _ := a.History()
+	last := h.Entries[len(h.Entries)-1]
+	assert.Equal(t, stats.TraceAlloc, last.Action)
+	assert.NotZero(t, last.Stack, "the block's Malloc stack comes back with it")
+	assert.Equal(t, p.ID(), PoolID(last.Pool))
+	var buf bytes.Buffer
+	require.NoError(t, a.WriteSnapshot(&buf), "the viewer's file validates")
 }

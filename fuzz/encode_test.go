@@ -90,6 +90,27 @@ func (p *prog) fault(op backend.Op, n byte, kind byte) *prog {
 	return p
 }
 
+// Flags of prog.sleep (sleep_test.go).
+const (
+	sleepOffload byte = 0x80 // Offload, else Discard
+	sleepPinned  byte = 0x40 // pinned host memory (real memory only)
+	sleepKeep    byte = 0x20 // KeepHostBuffers
+)
+
+// sleep sleeps pool i of the harness (0: the default pool; with pools, 1
+// limited, 2 isolated, 3 classic); wake wakes it.
+func (p *prog) sleep(pool, flags byte) *prog {
+	p.b = append(p.b, sleepOpByte, pool&7<<2|flags&0xe0)
+	return p
+}
+func (p *prog) wake(pool byte) *prog { p.b = append(p.b, sleepOpByte, pool&7<<2|3); return p }
+
+// mallocIn is malloc in pool i (FuzzAllocator's pools; the default pool
+// without them).
+func (p *prog) mallocIn(pool, class byte, v uint16, stream byte) *prog {
+	return p.malloc(class|pool<<3, v, stream)
+}
+
 func (p *prog) clearFaults() *prog { p.b = append(p.b, opByte(kClearFaults)); return p }
 func (p *prog) bad(x byte) *prog   { p.b = append(p.b, opByte(kBad), x); return p }
 
@@ -166,6 +187,23 @@ func seedProgs() map[string][]byte {
 	p.completeAll().release(2).destroy(0).sync(2).emptyCache()
 	p.malloc(szSmall, 7, 2).record(0, 1|launch).release(0x81).free(0).malloc(szSmall, 9, 1).completeAll().emptyCache()
 	seeds["stream_lifecycle"] = p.b
+
+	// Sleep and wake (sleep_test.go): a pool asleep refuses Malloc and
+	// RecordStream, frees work, another pool takes its memory, its wake
+	// finds no room and then does; offloads (refused without real
+	// memory), a classic pool, faults in Sleep's unmap and free and in
+	// Wake's create and map.
+	p = &prog{}
+	p.mallocIn(1, szEighth, 20000, 1|launch).mallocIn(1, szSmall, 300, 1).mallocIn(1, szPages, 2, 2)
+	p.mallocIn(2, szPages, 1, 1).mallocIn(0, szJustLarge, 50, streamDefault|launch)
+	p.sleep(1, sleepOffload|sleepPinned).sleep(1, 0).sleep(1, 0).mallocIn(1, szTiny, 5, 1).record(0, 2).record(1, 1)
+	p.free(1).mallocIn(2, szQuarter, 60000, 2).mallocIn(2, szQuarter, 60000, 1).wake(1).free(3).free(3)
+	p.completeAll().wake(1).wake(1).sleep(3, 0).sleep(0, sleepOffload|sleepKeep).wake(0)
+	p.fault(backend.OpUnmap, 1, 1).sleep(2, 0).clearFaults().fault(backend.OpFree, 1, 1).sleep(2, sleepOffload)
+	p.clearFaults().fault(backend.OpCreate, 1, 0).wake(2).fault(backend.OpMap, 1, 1).wake(2).clearFaults().wake(2)
+	p.sleep(0, sleepOffload|sleepPinned|sleepKeep).free(0).wake(0).sleep(0, sleepOffload|sleepPinned|sleepKeep)
+	p.mallocIn(2, szSmall, 9, 1).wake(0).emptyCache()
+	seeds["sleep_wake"] = p.b
 	return seeds
 }
 

@@ -12,6 +12,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 	"github.com/vmmalloc/vmmalloc/allocator"
+	"github.com/vmmalloc/vmmalloc/allocator/host"
 	"github.com/vmmalloc/vmmalloc/backend"
 	"github.com/vmmalloc/vmmalloc/backend/emulated"
 	"github.com/vmmalloc/vmmalloc/stats"
@@ -117,6 +118,11 @@ type harness struct {
 
 	pools []*allocator.Pool // [0] the default pool; private ones with cfg.pools
 	reg   *registrar        // the registrar hook's model; nil without cfg.pools
+
+	// Sleep and wake (sleep_test.go), per pool index.
+	asleep    []bool                // the pool is not awake
+	sleepMode []allocator.SleepMode // the mode of its last Sleep
+	pinned    *host.Allocator       // pinned host memory for backups; nil until used
 }
 
 func newHarness(t testing.TB, hc harnessConfig) *harness {
@@ -156,6 +162,8 @@ func newHarness(t testing.TB, hc harnessConfig) *harness {
 	if hc.pools {
 		h.addPools()
 	}
+	h.asleep = make([]bool, len(h.pools))
+	h.sleepMode = make([]allocator.SleepMode, len(h.pools))
 	// Another allocator, in a world of its own whose first addresses are
 	// taken, so its blocks lie where this allocator's reservations may or
 	// may not be.
@@ -173,6 +181,9 @@ func newHarness(t testing.TB, hc harnessConfig) *harness {
 	t.Cleanup(func() {
 		if !h.closed {
 			_ = h.a.Close()
+		}
+		if h.pinned != nil {
+			_ = h.pinned.Close()
 		}
 		_ = oa.Close()
 		_ = oe.Close()
@@ -213,6 +224,7 @@ var sentinels = []error{
 	backend.ErrOutOfMemory, backend.ErrInvalidArgument, backend.ErrNotSupported,
 	backend.ErrNotPermitted, backend.ErrUnavailable,
 	allocator.ErrPoolBusy, allocator.ErrSegmentHook, allocator.ErrInvalidPool,
+	allocator.ErrPoolAsleep, allocator.ErrPoolAwake, allocator.ErrSleepInProgress, allocator.ErrPoolExported,
 }
 
 func typed(err error) bool {
@@ -318,6 +330,10 @@ func (h *harness) sizeFor(class byte, v uint16) uint64 {
 
 // mallocOp calls Malloc and checks and records the result.
 func (h *harness) mallocOp(size uint64, arg, s backend.Stream, launch bool, pool int) {
+	if h.asleep[pool] {
+		h.asleepMalloc(size, arg, pool)
+		return
+	}
 	h.logf("Malloc(%d, stream %d) in pool %d", size, arg, pool)
 	marks := h.callMarks()
 	before := h.a.Stats()
@@ -457,6 +473,10 @@ func (h *harness) freeOp(i int) {
 // the stream touching it if launch is set.
 func (h *harness) recordOp(i int, s backend.Stream, launch bool) {
 	b := h.live[i]
+	if h.asleep[b.pool] {
+		h.asleepRecord(b, s)
+		return
+	}
 	h.logf("RecordStream(%#x, %d) launch=%v", b.ptr, s, launch)
 	before := h.e.CallCounts()
 	if err := h.a.RecordStream(b.ptr, s); err != nil {
@@ -840,7 +860,12 @@ func (h *harness) run(data []byte) {
 
 // step decodes and runs one operation.
 func (h *harness) step(d *decoder) {
-	switch opTable[d.byte()%32] {
+	op := d.byte()
+	if isSleepOp(op) {
+		h.sleepOp(d.byte())
+		return
+	}
+	switch opTable[op%32] {
 	case kMalloc:
 		class, v, sx := d.byte(), d.u16(), d.byte()
 		arg, s := h.streamArg(sx)
@@ -1158,7 +1183,9 @@ func (h *harness) checkPattern(what string, ptr uintptr, size, tag uint64) {
 // stream still uses.
 func (h *harness) verifyPatterns() {
 	for _, b := range h.live {
-		h.checkPattern("live block", b.ptr, b.size, b.tag)
+		if !h.asleep[b.pool] {
+			h.checkPattern("live block", b.ptr, b.size, b.tag)
+		}
 	}
 	for _, g := range h.guards {
 		if g.foreign && h.completed(g.s) < g.seq {
@@ -1182,6 +1209,10 @@ func (h *harness) finish() {
 		}
 		if err := h.a.EmptyCache(); err != nil {
 			h.fatalf("EmptyCache after freeing everything: %v", err)
+		}
+		h.wakeAll()
+		if err := h.a.EmptyCache(); err != nil {
+			h.fatalf("EmptyCache after waking every pool: %v", err)
 		}
 		h.closePools()
 		h.verify()

@@ -20,3 +20,7 @@ func (op *MapOp) OK() bool { return op.ran && op.err == nil }
 // segment's base, in address order, as BeginUnmap found them. The slice is
 // the op's own: the caller must not change it.
 func (op *UnmapOp) Handles() []Run { return op.handles }
+
+// Err is the driver failure Run stopped at, nil if it unmapped every
+// handle (or has not run).
+func (op *UnmapOp) Err() error { return op.err }

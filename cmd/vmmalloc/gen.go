@@ -15,8 +15,10 @@ import (
 
 func cmdGen(args []string, stdout, stderr io.Writer) error {
 	fs := newFlagSet("gen", "[flags]", stdout)
-	kind := fs.String("kind", "training", "workload: "+strings.Join(workload.Names(), ", "))
+	kind := fs.String("kind", "training", "workload: "+strings.Join(workload.Names(), ", ")+", or rl (sleep/wake colocation program)")
 	seed := fs.Int64("seed", workload.DefaultSeed, "random seed")
+	run := fs.Bool("run", false, "with --kind rl: replay the program over the emulator's real memory (scaled by --scale) and print what it held")
+	scale := fs.Uint64("scale", 256, "with --kind rl --run: divide the scenario's sizes by this")
 	format := fs.String("format", "", "output format: binary or text (default: text for a .txt output, else binary)")
 	out := fs.String("o", "-", "output `file` (- for stdout)")
 	pos, err := parseArgs(fs, args)
@@ -25,6 +27,12 @@ func cmdGen(args []string, stdout, stderr io.Writer) error {
 	}
 	if len(pos) > 0 {
 		return usagef("unexpected argument %q", pos[0])
+	}
+	if *kind == "rl" {
+		return genRL(*seed, *run, *scale, *out, stdout, stderr)
+	}
+	if *run {
+		return usagef("--run replays --kind rl programs only")
 	}
 	outFmt, err := outputFormat(*format, *out)
 	if err != nil {
