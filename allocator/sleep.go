@@ -244,6 +244,12 @@ func (p *Pool) notAwake() error {
 // ErrPoolAsleep; Free of its pointers works (and drops the backup); the
 // pointers must not be used by device work.
 //
+// Wake maps back every handle Sleep unmapped, free cache included, so a
+// pool that sleeps between steps of the same shape wakes with no growth to
+// do. To give the free cache back for good instead, call EmptyCache
+// before Sleep: Wake then maps only the handles that hold allocations
+// (TestEmptyCacheBeforeSleep).
+//
 // On error the pool is awake as before, its memory mapped with its
 // contents, except where the error wraps segment.ErrHandleNotFreed: the
 // pool is asleep and the handle whose free failed is kept for Wake. Sleep

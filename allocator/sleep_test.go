@@ -817,3 +817,35 @@ func TestSleepWakeHistory(t *testing.T) {
 	var buf bytes.Buffer
 	require.NoError(t, a.WriteSnapshot(&buf), "the viewer's file validates")
 }
+
+// TestEmptyCacheBeforeSleep: a pool emptied before it sleeps wakes with only
+// the handles that hold its allocations; the free cache given back stays
+// with the driver.
+func TestEmptyCacheBeforeSleep(t *testing.T) {
+	a, e := newAlloc(t, "expandable_handle_mb:2,large_segment_size_mb:2", emulated.WithRealMemory(), emulated.WithCapacity(256<<20))
+	p, err := a.NewPool(PoolOptions{Name: "trainer"})
+	require.NoError(t, err)
+	s := a.DefaultStream()
+	sp, err := p.Malloc(4<<20, 0)
+	require.NoError(t, err)
+	state := fill(t, e, s, sp, 4<<20, 1)
+	activations, err := p.Malloc(32<<20, 0)
+	require.NoError(t, err)
+	require.NoError(t, a.Free(activations))
+	require.Equal(t, uint64(36<<20), p.MemoryReserved(), "state and cached activations")
+
+	require.NoError(t, p.EmptyCache())
+	require.Equal(t, uint64(4<<20), p.MemoryReserved(), "only the state's handles are left")
+	require.NoError(t, p.Sleep(SleepOptions{Mode: Offload, Host: newPinnedHost(e)}))
+	assert.Equal(t, int64(4<<20), p.Stats().AsleepBytes)
+	free, _, err := e.MemGetInfo(0)
+	require.NoError(t, err)
+	require.NoError(t, p.Wake())
+	freeAwake, _, err := e.MemGetInfo(0)
+	require.NoError(t, err)
+	assert.Equal(t, uint64(4<<20), free-freeAwake, "wake maps the state's handles only")
+	assert.Equal(t, uint64(4<<20), p.MemoryReserved())
+	verify(t, e, s, []patterned{state})
+	mustCheck(t, a, e)
+	require.NoError(t, a.Free(state.p))
+}
