@@ -115,7 +115,17 @@ assert lib.vmmalloc_snapshot(snapshot.encode()) == 0, last_error()
 with open(snapshot, "rb") as f:
     snap = pickle.load(f)
 actions = [e["action"] for e in snap["device_traces"][0]]
-assert actions.count("alloc") == len(sizes) + 1, actions
+# The sizes, the pool's block, and that block again: history records a
+# sleep as the pool's blocks freed and its memory unmapped, a wake as the
+# memory mapped and the blocks allocated again.
+assert actions.count("alloc") == len(sizes) + 2, actions
+oom_at = len(actions) - 1 - actions[::-1].index("oom")
+assert actions[oom_at + 1:] == [
+    "segment_map", "alloc",                                     # the pool's block
+    "free_requested", "free_completed", "segment_unmap",        # sleep
+    "segment_map", "alloc",                                     # wake
+    "free_requested", "free_completed", "segment_unmap",        # free, release_pool
+], actions
 assert "segment_map" in actions or "segment_alloc" in actions, set(actions)
 print("ok: snapshot loads with pickle:", len(actions), "trace entries")
 print("PASS")
