@@ -325,8 +325,12 @@
 //     ladder.
 //   - synchronizeAndFreeEvents (EventSynchronize of each pending event;
 //     EmptyCache, the ladder): marks nothing; the block waiting on the
-//     event is PendingFree, which nothing else takes, and an event another
-//     goroutine retired meanwhile is not retired twice.
+//     event is PendingFree, which nothing else takes. It retires the
+//     queue's head after the wait only if nothing was retired from that
+//     queue meanwhile (streamState.retired): another goroutine may have
+//     retired the event and recycled it and the block, recorded again
+//     after the wait, and only the events queued when it reached the
+//     stream are waited for.
 //   - Synchronize (StreamSynchronize): marks nothing; blocks freed to the
 //     stream meanwhile (streamState.frees) make its release wait again
 //     with its blocks marked.

@@ -165,10 +165,13 @@ func (a *Allocator) processEvents() {
 	}
 }
 
-// synchronizeAndFreeEvents waits for every pending event and frees the
-// blocks waiting on them. A failed wait stops that stream's queue (its
-// blocks stay PendingFree) and the others go on; the errors are joined.
-// mu held.
+// synchronizeAndFreeEvents waits for the events pending on each busy
+// stream when it comes to that stream, and frees the blocks waiting on
+// them. A failed wait stops that stream's queue (its blocks stay
+// PendingFree) and the others go on; the errors are joined. Events queued
+// during its waits stay pending (as if their Free came after this call),
+// so a stream that is freed to without end cannot hold it. mu held
+// (dropped while it waits).
 func (a *Allocator) synchronizeAndFreeEvents() error {
 	if len(a.busy) == 0 {
 		return nil
@@ -179,17 +182,22 @@ func (a *Allocator) synchronizeAndFreeEvents() error {
 	}
 	var errs []error
 	for _, ss := range a.sortedBusy() {
-		for len(ss.queue) > 0 {
+		upTo := ss.retired + uint64(len(ss.queue))
+		for ss.retired < upTo && len(ss.queue) > 0 {
 			// The wait runs without mu: the block waiting on the event is
-			// PendingFree, which nothing else may take; if another
-			// goroutine retired the event meanwhile, it is not retired
-			// twice.
-			pe := ss.queue[0]
+			// PendingFree, which nothing else may take. Another goroutine
+			// may retire the event meanwhile, and then recycle it and the
+			// block: the same pendingEvent, recorded again after this
+			// wait, can head the queue again. So the head is retired here
+			// only if nothing was retired from the queue meanwhile
+			// (retired only grows; events leave the queue only from its
+			// head, each counted), which makes it the event waited for.
+			pe, seq := ss.queue[0], ss.retired
 			if err := a.waitUnlocked(func() error { return a.drv.EventSynchronize(pe.ev) }); err != nil {
 				errs = append(errs, err)
 				break
 			}
-			if len(ss.queue) > 0 && ss.queue[0] == pe {
+			if ss.retired == seq && len(ss.queue) > 0 {
 				a.eventDone(ss)
 			}
 		}
