@@ -82,6 +82,36 @@ type Result struct {
 	PeakReserved   uint64
 }
 
+// liveSet is every worker's live blocks, so that a Malloc that returns
+// memory overlapping another live block (of any worker) is reported at
+// once, naming both, rather than later as a corrupted pattern. A block
+// leaves it before its Free and joins it after its Malloc, so no correct
+// allocator can make two of its entries overlap.
+type liveSet struct {
+	mu sync.Mutex
+	m  map[uintptr]block // by address; guarded by mu
+}
+
+// add records b, or returns an error naming the live block it overlaps.
+func (l *liveSet) add(b block) error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for _, o := range l.m {
+		if b.ptr < o.ptr+uintptr(max(o.size, 1)) && o.ptr < b.ptr+uintptr(max(b.size, 1)) {
+			return fmt.Errorf("Malloc returned %#x+%d (tag %#x), which overlaps live block %#x+%d (tag %#x)",
+				b.ptr, b.size, b.tag, o.ptr, o.size, o.tag)
+		}
+	}
+	l.m[b.ptr] = b
+	return nil
+}
+
+func (l *liveSet) remove(b block) {
+	l.mu.Lock()
+	delete(l.m, b.ptr)
+	l.mu.Unlock()
+}
+
 // block is one live allocation of a worker.
 type block struct {
 	ptr  uintptr
@@ -114,8 +144,9 @@ func Run(t testing.TB, d backend.Driver, o Options) Result {
 	}
 
 	var (
-		mu  sync.Mutex
-		res Result
+		mu   sync.Mutex
+		res  Result
+		live = &liveSet{m: map[uintptr]block{}}
 	)
 	errs := make(chan error, o.Workers)
 	var wg sync.WaitGroup
@@ -130,7 +161,7 @@ func Run(t testing.TB, d backend.Driver, o Options) Result {
 		wg.Add(1)
 		go func(w int, s backend.Stream) {
 			defer wg.Done()
-			r, err := (&worker{a: a, c: c, s: s, o: &o, tagBase: uint64(w+1) << 48,
+			r, err := (&worker{a: a, c: c, s: s, o: &o, all: live, tagBase: uint64(w+1) << 48,
 				rng: rand.New(rand.NewPCG(o.Seed, uint64(w)))}).run()
 			mu.Lock()
 			res.Mallocs += r.Mallocs
@@ -165,6 +196,7 @@ type worker struct {
 	c       backend.Copier
 	s       backend.Stream
 	o       *Options
+	all     *liveSet // every worker's live blocks
 	rng     *rand.Rand
 	tagBase uint64
 	live    []block
@@ -226,6 +258,9 @@ func (w *worker) malloc(i uint64) error {
 		return fmt.Errorf("Malloc(%d): %w", n, err)
 	}
 	b := block{ptr: p, size: n, tag: w.tagBase | i}
+	if err := w.all.add(b); err != nil {
+		return err
+	}
 	for _, pc := range pieces(b) {
 		if err := w.c.CopyHtoD(p+uintptr(pc.off), w.pattern(b, pc), w.s); err != nil {
 			return fmt.Errorf("writing block %#x+%d: %w", p, n, err)
@@ -241,6 +276,7 @@ func (w *worker) free(i int) error {
 	if err := w.verify(b); err != nil {
 		return err
 	}
+	w.all.remove(b)
 	if err := w.a.Free(b.ptr); err != nil {
 		return fmt.Errorf("Free(%#x): %w", b.ptr, err)
 	}
