@@ -62,11 +62,11 @@ const (
 
 // underPressure reports whether mapping n more bytes for pool p would
 // take the reserved memory past pressureNum/pressureDen of the memory the
-// process may use (allowed), or p's reserved memory past that share of
+// process may use (a.pressureAt, the line of allowed), or p's reserved memory past that share of
 // p's memory limit. Growths in flight count. mu held.
 func (a *Allocator) underPressure(p *Pool, n uint64) bool {
 	after := uint64(a.st.ReservedBytes[0].Current) + a.mappingBytes + n
-	if after > a.allowed/pressureDen*pressureNum {
+	if after > uint64(a.pressureAt) {
 		return true
 	}
 	if p.limit == math.MaxUint64 {
