@@ -78,9 +78,17 @@
 // When the driver is out of pinned memory, Malloc releases the cached blocks
 // and retries, then waits for the pending events and ends the quarantine
 // (below), releases those blocks too and retries, and only then returns an
-// error wrapping ErrOutOfMemory. Free waits only if the driver fails to
-// give or record an event on a live stream: it then synchronizes that
-// stream and, if that fails too, returns the error with nothing changed.
+// error wrapping ErrOutOfMemory. Those waits (the newest pending event of
+// each stream; a device-wide synchronize for the quarantine) and
+// EmptyCache's run with the allocator's mutex released, so other
+// goroutines' calls, cache hits included, go on meanwhile; what the waiter
+// then releases it decides from the state it finds after the wait, and a
+// Close meanwhile lets the wait end first and makes the waiting call
+// return ErrClosed. Free waits only if the driver fails to give or record
+// an event on a live stream: it then synchronizes that stream (with the
+// mutex held: a driver fault, not a steady state) and, if that fails too,
+// returns the error with nothing changed. Close waits with the mutex held:
+// every call after it returns ErrClosed anyway.
 //
 // # Streams that disappear
 //
@@ -103,7 +111,9 @@
 //   - EmptyCache, rung 2 of the out-of-memory ladder, and Close end the
 //     quarantine where there is one. Where the driver can wait for a whole
 //     device (backend.DeviceSynchronizer), they synchronize every device
-//     once (Stats.NumDeviceSyncs) and cache the blocks; otherwise they
+//     once (Stats.NumDeviceSyncs) and cache the blocks quarantined
+//     before that wait began (one quarantined during it may have work the
+//     wait did not cover, and stays for the next); otherwise they
 //     give MallocHost blocks back with FreeHostWithDevSync, which waits for
 //     the device work that uses them. Besides Close, which gives every
 //     block back with FreeHostWithDevSync, these are the only device-wide

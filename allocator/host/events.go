@@ -145,8 +145,38 @@ func (a *Allocator) processEvents() {
 	}
 }
 
+// drainPending waits, with mu dropped, for the newest pending event of
+// every stream (a stream's events complete in order, so that is all of
+// them), then retires the events it finds complete (processEvents).
+// Blocks are retired only by that query, after the wait: an event retired
+// and recorded again by another goroutine while this one waited makes the
+// wait longer, never frees a block early. Events recorded meanwhile are
+// not waited for. mu held (dropped while it waits).
+func (a *Allocator) drainPending() error {
+	var evs []backend.Event
+	for _, ss := range a.slist {
+		if p := ss.pending(); len(p) > 0 {
+			evs = append(evs, p[len(p)-1].ev)
+		}
+	}
+	if len(evs) == 0 {
+		return nil
+	}
+	err := a.waitUnlocked(func() error {
+		for _, ev := range evs {
+			if err := a.drv.EventSynchronize(ev); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	a.processEvents()
+	return err
+}
+
 // synchronizeEvents waits for every pending event and caches the blocks
-// waiting on them. It stops at the first failed wait. mu held.
+// waiting on them, with mu held (Close). It stops at the first failed
+// wait. mu held.
 func (a *Allocator) synchronizeEvents() error {
 	for _, ss := range a.slist {
 		for len(ss.pending()) > 0 {

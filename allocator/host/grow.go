@@ -29,7 +29,11 @@ func (a *Allocator) grow(rounded uint64, c int, size uint64) (*block, error) {
 		}
 	}
 	if a.pending > 0 || len(a.quarantine) > 0 {
-		if e := errors.Join(a.synchronizeEvents(), a.settleQuarantine(false)); e == nil {
+		e := errors.Join(a.drainPending(), a.settleQuarantine(false)) // mu dropped while they wait
+		if a.closed {
+			return nil, ErrClosed
+		}
+		if e == nil {
 			_ = a.releaseCached(false)
 			if b, err = a.obtain(rounded, c); err == nil || !errors.Is(err, backend.ErrOutOfMemory) {
 				return b, err
@@ -148,7 +152,10 @@ func (a *Allocator) EmptyCache() error {
 		return ErrClosed
 	}
 	a.processEvents()
-	err := a.settleQuarantine(false)
+	err := a.settleQuarantine(false) // mu dropped while it waits
+	if a.closed {
+		return errors.Join(err, ErrClosed)
+	}
 	return errors.Join(err, a.releaseCached(false))
 }
 
@@ -166,6 +173,9 @@ func (a *Allocator) Close() error {
 		return ErrClosed
 	}
 	a.closed = true
+	for a.inflight > 0 { // a wait of the ladder or EmptyCache: its events stay valid
+		a.quiet.Wait()
+	}
 	if err := errors.Join(a.synchronizeEvents(), a.settleQuarantine(true)); err != nil {
 		return err
 	}
@@ -225,9 +235,11 @@ func (a *Allocator) Close() error {
 // settleQuarantine ends the quarantine of blocks freed after a stream
 // recorded on them was destroyed. With a driver that can wait for a whole
 // device (backend.DeviceSynchronizer) it waits for every device once
-// (Stats.NumDeviceSyncs) and caches them. Otherwise MallocHost blocks go
-// back to the driver through FreeHostWithDevSync, which waits for the
-// device work that uses them, and, if closing, blocks of OS memory are
+// (Stats.NumDeviceSyncs), with mu dropped unless closing, and caches the
+// blocks quarantined before that wait began (one quarantined while it ran
+// may have work the wait did not cover, and stays). Otherwise MallocHost
+// blocks go back to the driver through FreeHostWithDevSync, which waits for
+// the device work that uses them, and, if closing, blocks of OS memory are
 // cached for Close to release (nothing can wait for their work: see the
 // package doc). Blocks it cannot settle stay quarantined. Without
 // quarantined blocks it does nothing. mu held.
@@ -237,20 +249,37 @@ func (a *Allocator) settleQuarantine(closing bool) error {
 	}
 	if ds, ok := a.drv.(backend.DeviceSynchronizer); ok {
 		a.st.NumDeviceSyncs++
-		for dev := range a.idle {
-			if err := ds.DeviceSynchronize(dev); err != nil {
-				return err
+		upTo, ndev := a.qseq, len(a.idle)
+		wait := func() error {
+			for dev := range ndev {
+				if err := ds.DeviceSynchronize(dev); err != nil {
+					return err
+				}
 			}
+			return nil
 		}
-		// Every device is idle: the events of free-pending blocks are
-		// complete too.
+		var err error
+		if closing {
+			err = wait() // Close: every later call returns ErrClosed anyway
+		} else {
+			err = a.waitUnlocked(wait)
+		}
+		if err != nil {
+			return err
+		}
+		// Every device was idle: the events recorded before are complete.
 		a.processEvents()
+		kept := a.quarantine[:0]
 		for _, b := range a.quarantine {
+			if b.qseq > upTo {
+				kept = append(kept, b)
+				continue
+			}
 			a.unquarantine(b)
 			a.cache(b)
 		}
-		clear(a.quarantine)
-		a.quarantine = a.quarantine[:0]
+		clear(a.quarantine[len(kept):])
+		a.quarantine = kept
 		return nil
 	}
 	var errs []error
@@ -319,4 +348,20 @@ func (a *Allocator) idleEvents() int {
 		n += len(l)
 	}
 	return n
+}
+
+// waitUnlocked runs wait, a driver wait, with mu dropped, counted in
+// inflight so that Close lets it end before destroying what it waits on.
+// The caller leaves no block in a transient state across it: what it
+// decides after, it decides again from the state it finds. mu held on
+// entry and on return.
+func (a *Allocator) waitUnlocked(wait func() error) error {
+	a.inflight++
+	a.mu.Unlock()
+	err := wait()
+	a.mu.Lock()
+	if a.inflight--; a.inflight == 0 {
+		a.quiet.Broadcast()
+	}
+	return err
 }

@@ -33,6 +33,15 @@ type Allocator struct {
 	st         Stats                           // mu
 	scratch    []pendingEvent                  // reusable buffer of insertEvents; mu
 	scratchSS  []*streamState                  // the streams of scratch; mu
+	// inflight counts the driver waits running with mu dropped (the
+	// out-of-memory ladder's and EmptyCache's: waitUnlocked); Close waits
+	// for them to end (quiet) before it destroys events. mu.
+	inflight int
+	quiet    sync.Cond // signalled when inflight drops to 0; L is &mu
+	// qseq counts quarantines; a block's qseq is the count when it was
+	// quarantined, so a device-wide wait ends the quarantine of the blocks
+	// quarantined before it began only. mu.
+	qseq uint64
 }
 
 // blockState is where a block is in its life (see the package doc).
@@ -75,6 +84,7 @@ type block struct {
 	// quarantined: free-pending because a stream recorded on it was
 	// destroyed; listed in Allocator.quarantine, without events.
 	quarantined bool
+	qseq        uint64 // Allocator.qseq when last quarantined
 }
 
 // registration is a range the program owns and registered through Register.
@@ -190,6 +200,7 @@ func New(drv backend.Driver, cfg Config) (*Allocator, error) {
 		idle:    make([][]backend.Event, drv.DeviceCount()),
 	}
 	a.free = make([][]*block, a.classes.count())
+	a.quiet.L = &a.mu
 	return a, nil
 }
 
@@ -282,6 +293,8 @@ func (a *Allocator) Free(ptr uintptr) error {
 		// No event can order the reuse after the destroyed stream's work.
 		b.state = stateFreePending
 		b.quarantined = true
+		a.qseq++
+		b.qseq = a.qseq
 		a.quarantine = append(a.quarantine, b)
 		a.st.Quarantined.Add(1)
 		a.st.QuarantinedBytes.Add(int64(b.size))
