@@ -307,6 +307,7 @@ func (a *Allocator) growExpandable(ss *streamState, cl *sizeClass, rounded uint6
 			}
 		}
 		defer a.holdForGrowth(cl, rounded)() // handles unmapped now are remapped below
+		a.learnDefragSlack(ss.pool, cl, rounded)
 		a.reclaimBeforeGrow(ss, cl, rounded) // other streams first: no wait
 		_ = a.flushUnmaps()                  // hooks: releases queued above
 		a.defragBeforeGrow(ss, cl, rounded)  // drops mu while it waits for ss

@@ -155,6 +155,15 @@ type Pool struct {
 	// plus the request being grown for, seen by a growth so far; the
 	// defrag limit is relative to it (reclaim.go). mu.
 	highWater [2]uint64
+	// Per size class: defragAt is the high water mark when a growth
+	// first found the pool past its defrag limit at that mark, and
+	// defragChurn the pool's cumulative allocated bytes then (or at the
+	// last slack raise); defragSlack is the nbytes by which growths that
+	// came back past the limit at the same mark, a mark's worth of
+	// allocation later, raised it (learnDefragSlack, reclaim.go). mu.
+	defragAt    [2]uint64
+	defragChurn [2]int64
+	defragSlack [2]uint64
 	// mapping is the bytes the pool's growths in flight map without mu
 	// (mapGrowth), counted against its limit. mu.
 	mapping uint64
@@ -482,6 +491,7 @@ func (p *Pool) EmptyCache() error {
 		return err
 	}
 	a.histEmptyCache()
+	p.forgetDefragSlack()
 	err := a.synchronizeAndFreeEvents()
 	err = errors.Join(err, a.releasePool(p), a.flushUnmaps())
 	return errors.Join(err, a.trimCaches(), a.sweepSegments())

@@ -183,8 +183,9 @@ func (a *Allocator) reclaimBeforeGrow(ss *streamState, cl *sizeClass, rounded ui
 // defragExcess is by how many bytes growing size class cl by rounded bytes would
 // take its mapped bytes above the defrag limit, (1+defrag_threshold) × the
 // pool's high water mark (the most bytes allocated plus the request seen
-// by a growth, this one included) plus one page; 0 when it would not. It
-// raises the mark. mu held.
+// by a growth, this one included) plus one page, plus the slack the pool
+// has learned (learnDefragSlack) while it is not under pressure; 0 when
+// it would not. It raises the mark. mu held.
 //
 // The limit follows the high water mark, not the bytes allocated now:
 // memory mapped for an earlier peak is worth keeping until the workload
@@ -192,19 +193,73 @@ func (a *Allocator) reclaimBeforeGrow(ss *streamState, cl *sizeClass, rounded ui
 // otherwise unmap and remap the same handles every step ("remap thrash",
 // issue 9). Peak reserved is bounded all the same: a growth past the mark
 // that defragmentation cannot keep under the limit is the only way
-// reserved bytes exceed (1+threshold) × peak allocated plus a page.
+// reserved bytes exceed (1+threshold) × peak allocated plus a page and
+// the slack, and the slack applies only below the pressure line.
 func (a *Allocator) defragExcess(p *Pool, cl *sizeClass, rounded uint64) uint64 {
 	rec := a.poolRec(p)
 	reserved := uint64(rec.ReservedBytes[cl.kind].Current)
-	after := reserved + roundUp(rounded, a.gran)
+	n := roundUp(rounded, a.gran)
+	after := reserved + n
 	hw := &p.highWater[cl.idx]
 	*hw = max(*hw, uint64(rec.AllocatedBytes[cl.kind].Current)+rounded)
 	limit := uint64((1+a.cfg.DefragThreshold)*float64(*hw)) + cl.pageSize
 	if after <= limit {
 		return 0
 	}
+	if sl := p.defragSlack[cl.idx]; sl > 0 && !a.underPressure(p, n) {
+		if limit += sl; after <= limit {
+			return 0
+		}
+	}
 	return after - limit
 }
+
+// learnDefragSlack runs once per growth of pool p in size class cl, before
+// its defragmentation decisions. A growth past the defrag limit at the
+// same high water mark as the last one that was, after the pool has
+// allocated at least that mark's worth of bytes since (the workload came
+// back to the same peak, a new training step, with a layout the limit does
+// not hold: best fit places a step's blocks differently in a heap that is
+// all free than the first step's growth did), raises the pool's limit by
+// the excess rather than unmap and remap it again. It does so only while
+// the device is below the pressure line (pressure.go), where the process
+// could map its reserved memory twice over and a driver call costs more
+// than the memory; above the line the slack does not apply and
+// defragmentation keeps reserved memory near the mark. The slack is at
+// most maxDefragSlack thresholds of the mark. Within one step (less than
+// a mark's worth of allocation between the two) nothing is learned, so a
+// single pass replays as before. mu held.
+func (a *Allocator) learnDefragSlack(p *Pool, cl *sizeClass, rounded uint64) {
+	if a.cfg.DefragThreshold < 0 || a.defragExcess(p, cl, rounded) == 0 {
+		return
+	}
+	i := cl.idx
+	hw := p.highWater[i]
+	churn := a.poolRec(p).AllocatedBytes[cl.kind].Allocated // cumulative nbytes
+	if p.defragAt[i] != hw || churn < p.defragChurn[i] {
+		// A new mark, or the accumulated statistics were reset.
+		p.defragAt[i], p.defragChurn[i] = hw, churn
+		return
+	}
+	if uint64(churn-p.defragChurn[i]) < hw || a.underPressure(p, roundUp(rounded, a.gran)) {
+		return
+	}
+	p.defragChurn[i] = churn
+	p.defragSlack[i] = min(p.defragSlack[i]+a.defragExcess(p, cl, rounded), uint64(maxDefragSlack*a.cfg.DefragThreshold*float64(hw)))
+}
+
+// forgetDefragSlack drops what learnDefragSlack learned for p: at an
+// EmptyCache the program asks for its cached memory back, so learning
+// starts again. mu held.
+func (p *Pool) forgetDefragSlack() {
+	p.defragAt, p.defragChurn, p.defragSlack = [2]uint64{}, [2]int64{}, [2]uint64{}
+}
+
+// maxDefragSlack bounds the learned slack, in defrag thresholds of the
+// high water mark: the limit rises to (1+3×defrag_threshold) × the mark
+// at most (README, "The default policy under pressure", for what it
+// changes).
+const maxDefragSlack = 2
 
 // reclaimCandidates lists the streams other than ss holding at least one
 // granule of free memory in size class cl, most free bytes first (then in stream

@@ -647,6 +647,11 @@ func (a *Allocator) EmptyCache() error {
 		return ErrClosed
 	}
 	a.histEmptyCache()
+	for _, p := range a.pools {
+		if p != nil {
+			p.forgetDefragSlack()
+		}
+	}
 	return a.releaseAll()
 }
 

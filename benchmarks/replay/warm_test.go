@@ -11,20 +11,29 @@ import (
 	"github.com/vmmalloc/vmmalloc/benchmarks/trace"
 )
 
-// TestWarmReplaySettles replays the Malloc and Free calls of the training
-// step BenchmarkWarmReplay measures, pass after pass on one allocator, and
-// requires that the passes stop calling the driver once the heap holds
-// the layouts the step produces: within settleBound passes, and then for
-// steadyPasses passes in a row. The first pass grows the heap in the
-// order the step allocates; a later pass starts from a heap that is all
-// free and places the same blocks by best fit into it, which fragments it
-// differently, so a few passes still grow (and defragment, unmapping
+// TestWarmReplaySettles replays the Malloc and Free calls of training
+// steps (BenchmarkWarmReplay measures the first), pass after pass on one
+// allocator, and requires that the passes stop calling the driver once the
+// heap holds the layouts the step produces: within settleBound passes, and
+// then for steadyPasses passes in a row. The first pass grows the heap in
+// the order the step allocates; a later pass starts from a heap that is
+// all free and places the same blocks by best fit into it, which fragments
+// it differently, so a few passes still grow (and defragment, unmapping
 // holes to remap them where the heap grows) until reserved memory holds
-// every such layout. BenchmarkWarmReplay's driver-calls/op is those
-// passes' calls spread over b.N.
+// every such layout, or until the defrag limit has learned the slack the
+// step needs (allocator: learnDefragSlack). BenchmarkWarmReplay's
+// driver-calls/op is those passes' calls spread over b.N.
 func TestWarmReplaySettles(t *testing.T) {
-	const settleBound, steadyPasses = 12, 5
-	pt := loadSnapshot(t, sharedTrace(t, "cs336_ctx128_fullstep.pickle"))
+	const settleBound, steadyPasses = 8, 5
+	for _, name := range []string{"cs336_ctx128_fullstep.pickle", "cs336_medium_ctx1024_train.pickle"} {
+		t.Run(name, func(t *testing.T) {
+			warmReplaySettles(t, name, settleBound, steadyPasses)
+		})
+	}
+}
+
+func warmReplaySettles(t *testing.T, name string, settleBound, steadyPasses int) {
+	pt := loadSnapshot(t, sharedTrace(t, name))
 	var events []trace.Event
 	for _, ev := range pt.Events {
 		if ev.Kind == trace.Alloc || ev.Kind == trace.Free {
