@@ -327,6 +327,9 @@ func (a *Allocator) check() error {
 	if err := compareStats(want, &got); err != nil {
 		return err
 	}
+	if err := a.checkDefragSlack(); err != nil {
+		return err
+	}
 	if err := a.checkSleeps(slept); err != nil {
 		return err
 	}
@@ -596,4 +599,21 @@ func (a *Allocator) snapshotLocked() stats.Snapshot {
 		s.Segments = append(s.Segments, si)
 	}
 	return s
+}
+
+// checkDefragSlack verifies that no pool's learned defrag slack exceeds
+// maxDefragSlack thresholds of its high water mark (none with
+// defragmentation off). mu held.
+func (a *Allocator) checkDefragSlack() error {
+	for _, p := range a.pools {
+		if p == nil {
+			continue
+		}
+		for i, sl := range p.defragSlack {
+			if limit := uint64(maxDefragSlack * max(a.cfg.DefragThreshold, 0) * float64(p.highWater[i])); sl > limit {
+				return corrupt("pool %q: defrag slack %d bytes in class %d, over %d", p.name, sl, i, limit)
+			}
+		}
+	}
+	return nil
 }
