@@ -78,7 +78,9 @@
 // When the driver is out of pinned memory, Malloc releases the cached blocks
 // and retries, then waits for the pending events and ends the quarantine
 // (below), releases those blocks too and retries, and only then returns an
-// error wrapping ErrOutOfMemory. Those waits (the newest pending event of
+// error wrapping ErrOutOfMemory. A cache miss pins its new block (MallocHost,
+// or mmap and HostRegister, which take milliseconds per megabyte) with
+// the allocator's mutex released too. Those waits (the newest pending event of
 // each stream; a device-wide synchronize for the quarantine) and
 // EmptyCache's run with the allocator's mutex released, so other
 // goroutines' calls, cache hits included, go on meanwhile; what the waiter

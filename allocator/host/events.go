@@ -162,7 +162,7 @@ func (a *Allocator) drainPending() error {
 	if len(evs) == 0 {
 		return nil
 	}
-	err := a.waitUnlocked(func() error {
+	err := a.callUnlocked(func() error {
 		for _, ev := range evs {
 			if err := a.drv.EventSynchronize(ev); err != nil {
 				return err

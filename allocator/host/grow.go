@@ -45,34 +45,58 @@ func (a *Allocator) grow(rounded uint64, c int, size uint64) (*block, error) {
 		ErrOutOfMemory, size, rounded, a.st.ReservedBytes.Current, a.st.AllocatedBytes.Current, err)
 }
 
-// obtain gets a block of rounded bytes from the driver and indexes it. On
-// failure nothing changes. mu held.
+// obtain gets a block of rounded bytes from the driver and indexes it.
+// The driver calls (MallocHost, or mmap and HostRegister) run with mu
+// dropped (callUnlocked): pinning memory can take milliseconds per
+// megabyte, and other goroutines' cache hits go on meanwhile. On failure
+// nothing changes; if the allocator was closed meanwhile, the block is
+// cached for Close to release and ErrClosed is returned. mu held (dropped
+// while the driver works).
 func (a *Allocator) obtain(rounded uint64, c int) (*block, error) {
 	b := &block{size: rounded, class: c}
-	if a.cfg.UseHostRegister {
-		mem, err := mapAnonymous(rounded)
-		if err != nil {
-			return nil, fmt.Errorf("mmap of %d bytes: %w: %w", rounded, backend.ErrOutOfMemory, err)
-		}
-		p := uintptr(unsafe.Pointer(unsafe.SliceData(mem)))
-		if err := a.hm.HostRegister(p, rounded, backend.HostRegisterMapped); err != nil {
-			_ = unmapAnonymous(mem) // our own fresh mapping: cannot fail
-			return nil, err
-		}
-		b.ptr, b.mem, b.reg = p, mem, true
-	} else {
-		p, err := a.hm.MallocHost(rounded)
-		if err != nil {
-			return nil, err
-		}
-		b.ptr = p
+	if err := a.callUnlocked(func() error { return a.pin(b) }); err != nil {
+		return nil, err
 	}
 	a.blocks[b.ptr] = b
 	a.spans.ReplaceOrInsert(span{start: b.ptr, end: b.ptr + uintptr(b.size), b: b})
 	a.st.Segment.Add(1)
 	a.st.ReservedBytes.Add(int64(b.size))
 	a.st.NumHostAlloc++
+	if a.closed {
+		// Close waits for this call (inflight) and then releases the
+		// cache, this block with it (never active: not cache's count).
+		b.state = stateCached
+		a.free[c] = append(a.free[c], b)
+		return nil, ErrClosed
+	}
 	return b, nil
+}
+
+// pin obtains b.size bytes of pinned memory for b, a block in no index:
+// MallocHost, or with UseHostRegister an anonymous mapping registered
+// with the driver. On failure b is unchanged and nothing is held. It
+// reads only what never changes (the driver, the config), so it runs
+// without mu.
+func (a *Allocator) pin(b *block) error {
+	if a.cfg.UseHostRegister {
+		mem, err := mapAnonymous(b.size)
+		if err != nil {
+			return fmt.Errorf("mmap of %d bytes: %w: %w", b.size, backend.ErrOutOfMemory, err)
+		}
+		p := uintptr(unsafe.Pointer(unsafe.SliceData(mem)))
+		if err := a.hm.HostRegister(p, b.size, backend.HostRegisterMapped); err != nil {
+			_ = unmapAnonymous(mem) // our own fresh mapping: cannot fail
+			return err
+		}
+		b.ptr, b.mem, b.reg = p, mem, true
+		return nil
+	}
+	p, err := a.hm.MallocHost(b.size)
+	if err != nil {
+		return err
+	}
+	b.ptr = p
+	return nil
 }
 
 // release gives cached block b back to the driver: it undoes the
@@ -262,7 +286,7 @@ func (a *Allocator) settleQuarantine(closing bool) error {
 		if closing {
 			err = wait() // Close: every later call returns ErrClosed anyway
 		} else {
-			err = a.waitUnlocked(wait)
+			err = a.callUnlocked(wait)
 		}
 		if err != nil {
 			return err
@@ -350,15 +374,15 @@ func (a *Allocator) idleEvents() int {
 	return n
 }
 
-// waitUnlocked runs wait, a driver wait, with mu dropped, counted in
-// inflight so that Close lets it end before destroying what it waits on.
-// The caller leaves no block in a transient state across it: what it
-// decides after, it decides again from the state it finds. mu held on
-// entry and on return.
-func (a *Allocator) waitUnlocked(wait func() error) error {
+// callUnlocked runs call, a driver wait or a slow driver call, with mu
+// dropped, counted in inflight so that Close lets it end before
+// destroying what it uses. The caller leaves no block in a transient
+// state across it: what it decides after, it decides again from the state
+// it finds. mu held on entry and on return.
+func (a *Allocator) callUnlocked(call func() error) error {
 	a.inflight++
 	a.mu.Unlock()
-	err := wait()
+	err := call()
 	a.mu.Lock()
 	if a.inflight--; a.inflight == 0 {
 		a.quiet.Broadcast()

@@ -33,9 +33,10 @@ type Allocator struct {
 	st         Stats                           // mu
 	scratch    []pendingEvent                  // reusable buffer of insertEvents; mu
 	scratchSS  []*streamState                  // the streams of scratch; mu
-	// inflight counts the driver waits running with mu dropped (the
-	// out-of-memory ladder's and EmptyCache's: waitUnlocked); Close waits
-	// for them to end (quiet) before it destroys events. mu.
+	// inflight counts the driver calls running with mu dropped (pinning
+	// new blocks, the out-of-memory ladder's and EmptyCache's waits:
+	// callUnlocked); Close waits for them to end (quiet) before it
+	// destroys events or frees memory. mu.
 	inflight int
 	quiet    sync.Cond // signalled when inflight drops to 0; L is &mu
 	// qseq counts quarantines; a block's qseq is the count when it was

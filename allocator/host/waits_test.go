@@ -2,6 +2,7 @@ package host
 
 import (
 	"runtime"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -189,5 +190,98 @@ func TestCloseDuringUnlockedWait(t *testing.T) {
 	close(g.release)
 	require.ErrorIs(t, <-emptied, ErrClosed)
 	require.NoError(t, <-closed) // its own device wait is let through
+	assertNothingHeld(t, e)
+}
+
+// gatedHost is the emulator whose MallocHost, while holding is set,
+// announces itself on entered and waits for release: a slow pinning the
+// test holds open.
+type gatedHost struct {
+	*emulated.Emulator
+	holding *atomic.Bool
+	entered chan struct{}
+	release chan struct{}
+}
+
+func (g gatedHost) MallocHost(n uint64) (uintptr, error) {
+	if g.holding.Load() {
+		g.entered <- struct{}{}
+		<-g.release
+	}
+	return g.Emulator.MallocHost(n)
+}
+
+func newGatedHost(t *testing.T) (*Allocator, *emulated.Emulator, gatedHost) {
+	t.Helper()
+	var g gatedHost
+	a, e := newHostOver(t, "", func(e *emulated.Emulator) backend.Driver {
+		g = gatedHost{Emulator: e, holding: new(atomic.Bool), entered: make(chan struct{}), release: make(chan struct{})}
+		return g
+	})
+	return a, e, g
+}
+
+// A Malloc that pins a new block does so with mu dropped: other
+// goroutines' cache hits, frees and statistics go on meanwhile.
+func TestPinningWithoutLock(t *testing.T) {
+	a, e, g := newGatedHost(t)
+	p, err := a.Malloc(4 * kib)
+	require.NoError(t, err)
+	require.NoError(t, a.Free(p)) // cached
+	g.holding.Store(true)
+
+	type result struct {
+		p   uintptr
+		err error
+	}
+	got := make(chan result, 1)
+	go func() {
+		q, err := a.Malloc(1 << 20) // a class with nothing cached: pins
+		got <- result{q, err}
+	}()
+	<-g.entered
+	g.holding.Store(false)
+	whileHeld(t, gatedWaits{release: g.release}, func() {
+		q, err := a.Malloc(4 * kib)
+		assert.NoError(t, err)
+		assert.Equal(t, p, q, "a cache hit")
+		assert.NoError(t, a.Free(q))
+		assert.Equal(t, int64(1), a.Stats().Segment.Current, "the block being pinned is not counted yet")
+		assert.NoError(t, a.Check())
+	})
+	close(g.release)
+	r := <-got
+	require.NoError(t, r.err)
+	require.NoError(t, a.Free(r.p))
+	assert.Equal(t, int64(2), a.Stats().Segment.Current)
+	mustCheck(t, a, e)
+}
+
+// Close while a Malloc pins: Close lets the pinning end, the Malloc
+// returns ErrClosed, and the block it pinned is released with the rest.
+func TestCloseDuringPinning(t *testing.T) {
+	a, e, g := newGatedHost(t)
+	g.holding.Store(true)
+	got := make(chan error, 1)
+	go func() {
+		_, err := a.Malloc(4 * kib)
+		got <- err
+	}()
+	<-g.entered
+	g.holding.Store(false)
+	closed := make(chan error, 1)
+	go func() { closed <- a.Close() }()
+	for { // until Close has marked the allocator closed and waits for the pinning
+		a.mu.Lock()
+		c := a.closed
+		a.mu.Unlock()
+		if c {
+			break
+		}
+		runtime.Gosched()
+	}
+	close(g.release)
+	require.ErrorIs(t, <-got, ErrClosed)
+	require.NoError(t, <-closed)
 	assertNothingHeld(t, e)
 }
