@@ -721,7 +721,11 @@ func (a *Allocator) wakeRuns(p *Pool, sl *poolSleep, total uint64) (oom bool, er
 		reportUnmapped(hs, accepted)
 		var rerrs []error
 		for i := len(ms) - 1; i >= 0; i-- {
-			if uerr := ms[i].Undo(); uerr != nil {
+			var uerr error
+			for try := 0; try < rollbackTries && ms[i].Mapped(); try++ {
+				uerr = ms[i].Undo()
+			}
+			if ms[i].Mapped() {
 				rerrs = append(rerrs, fmt.Errorf("rollback incomplete: %w", uerr))
 			}
 		}
@@ -784,16 +788,30 @@ func cmpAddr(x, y uintptr) int {
 	return 0
 }
 
-// remapKept maps back the handles a failed sleep unmapped. mu held.
+// remapKept maps back the handles a failed sleep unmapped, each tried up
+// to rollbackTries times. mu held.
 func (a *Allocator) remapKept(kept []sleptRun) error {
 	var errs []error
 	for _, k := range kept {
-		if err := k.sg.s.MapKept(segment.KeptHandle{Off: k.off, Size: k.size, Handle: k.held}); err != nil {
+		var err error
+		for try := 0; try < rollbackTries; try++ {
+			if err = k.sg.s.MapKept(segment.KeptHandle{Off: k.off, Size: k.size, Handle: k.held}); err == nil || k.sg.s.IsMappedAt(k.off) {
+				break // mapped, or mapped without access and not unmapped again: a retry cannot map it
+			}
+		}
+		if err != nil {
 			errs = append(errs, fmt.Errorf("rollback incomplete: %w", err))
 		}
 	}
 	return errors.Join(errs...)
 }
+
+// rollbackTries is how many times a rollback of Sleep or Wake tries each
+// map or unmap that undoes what the failed call did: a second fault in a
+// rollback (an unmap that fails once while undoing a failed map) then
+// still leaves the pool as it was. Only a call that keeps failing leaves
+// it part mapped, and the error and Check say so.
+const rollbackTries = 3
 
 // wakeOOM is the error of a Wake the device has no memory for. mu held.
 func (a *Allocator) wakeOOM(p *Pool, total uint64, cause error) error {

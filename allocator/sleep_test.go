@@ -384,6 +384,56 @@ func TestSleepWakeFaultSweep(t *testing.T) {
 	}
 }
 
+// TestSleepWakeRollbackDoubleFault fails a call of Sleep (an unmap) or
+// Wake (a map) and, once, the call of the rollback that undoes it (the
+// map back, the unmap): the rollback tries again, and the pool is left
+// as it was before the call, its contents intact, then sleeps and wakes.
+func TestSleepWakeRollbackDoubleFault(t *testing.T) {
+	tests := []struct {
+		phase     string
+		fail      backend.Op // the call that fails, at its n-th call
+		rollback  backend.Op // the rollback's call that fails once
+		wantState SleepState
+	}{
+		{"sleep", backend.OpUnmap, backend.OpMap, Awake},
+		{"wake", backend.OpMap, backend.OpUnmap, Asleep},
+		{"wake", backend.OpSetAccess, backend.OpUnmap, Asleep},
+	}
+	for _, tc := range tests {
+		t.Run(fmt.Sprintf("%s/%v/%v", tc.phase, tc.fail, tc.rollback), func(t *testing.T) {
+			a, e, p, live := sleepSetup(t, "large_segment_size_mb:2,small_segment_size_mb:2")
+			s := a.DefaultStream()
+			opts := SleepOptions{Mode: Offload, Host: newPinnedHost(e)}
+			reserved := p.MemoryReserved()
+			for n := 2; n <= 3; n++ { // a later call: the rollback has something to undo
+				if tc.phase == "wake" {
+					require.NoError(t, p.Sleep(opts))
+				}
+				require.NoError(t, e.FailNth(tc.fail, n, backend.ErrUnavailable))
+				require.NoError(t, e.FailNth(tc.rollback, 1, backend.ErrUnavailable))
+				failed := e.Failures(tc.rollback)
+				var err error
+				if tc.phase == "sleep" {
+					err = p.Sleep(opts)
+				} else {
+					err = p.Wake()
+				}
+				require.Error(t, err)
+				assert.Equal(t, int64(1), e.Failures(tc.rollback)-failed, "the rollback's call failed once")
+				e.ClearFaults()
+				mustCheck(t, a, e)
+				require.Equal(t, tc.wantState, p.SleepState())
+				if tc.phase == "wake" {
+					require.NoError(t, p.Wake())
+				}
+				mustCheck(t, a, e)
+				verify(t, e, s, live)
+				require.Equal(t, reserved, p.MemoryReserved())
+			}
+		})
+	}
+}
+
 // TestSleepWakeHooks: the hooks see the pool's ranges unmapped at sleep
 // and mapped (and accessible) at wake; a hook refusing the wake keeps the
 // pool asleep with nothing mapped.
