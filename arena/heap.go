@@ -156,6 +156,7 @@ func NewHeap(pools int) (*Heap, error) {
 		unmapped: make([]*btree.BTreeG[BlockID], pools),
 	}
 	h.chunks = append(h.chunks, new([chunkLen]block))
+	h.live.init(addrTableMinSize)
 	for i := range h.unmapped {
 		h.unmapped[i] = btree.NewG(16, h.lessAddr)
 	}
@@ -656,7 +657,7 @@ func (h *Heap) Find(addr uintptr) BlockID {
 func (h *Heap) Lookup(addr uintptr) BlockID { return h.live.get(h, addr) }
 
 // Allocated is the number of Allocated blocks.
-func (h *Heap) Allocated() int { return h.live.n }
+func (h *Heap) Allocated() int { return h.live.len() }
 
 // Coalescable reports whether block id is Free on stream sid: a neighbour
 // that a block of sid freed or mapped next to it would merge with.

@@ -121,8 +121,8 @@ func (h *Heap) Check() error {
 	if recycled+h.used+1 != int(h.nrec) {
 		return corrupt("%d records: %d in use, %d recycled", h.nrec-1, h.used, recycled)
 	}
-	if allocated != h.live.n {
-		return corrupt("address table holds %d blocks, regions %d allocated", h.live.n, allocated)
+	if allocated != h.live.len() {
+		return corrupt("address table holds %d blocks, regions %d allocated", h.live.len(), allocated)
 	}
 	for p := range h.unmapped {
 		if h.unmapped[p].Len() != nUnmapped[p] {

@@ -31,11 +31,11 @@ func (h *Heap) AllocFit(sid StreamID, pool uint8, n, requested, maxSize, minSpli
 	if uint(sid) >= uint(len(h.streams)) || requested-1 >= n || minSplit == 0 {
 		return NoBlock, 0, 0
 	}
-	free := h.streams[sid].free
-	if int(pool) >= len(free) {
+	st := &h.streams[sid]
+	if int(pool) >= len(st.free) {
 		return NoBlock, 0, 0 // also stream slot 0, whose free is nil
 	}
-	l := &free[pool]
+	l := &st.free[pool]
 	id, b := h.memoFit(l, n)
 	memoHit := id != NoBlock
 	if !memoHit {
@@ -75,7 +75,39 @@ func (h *Heap) AllocFit(sid StreamID, pool uint8, n, requested, maxSize, minSpli
 	if !inPlace {
 		h.remove(l, id, b)
 	}
-	aid, a := h.splitBelow(id, b, n)
+	// Split the first n bytes off b, which keeps its record, its stream
+	// (sid) and its pool: the Allocated block below it gets a new record,
+	// set whole (no zeroing), in no free index. Written out here, as the
+	// compiler would not inline it.
+	aid := h.freeRec
+	var a *block
+	if aid != NoBlock {
+		h.used++
+		a = h.rec(aid)
+		h.freeRec = a.next
+	} else {
+		aid, a = h.newRec()
+	}
+	*a = block{
+		addr:   addr,
+		size:   n,
+		aux:    requested,
+		prev:   b.prev,
+		next:   id,
+		region: b.region,
+		stream: sid,
+		state:  Allocated,
+		pool:   pool,
+	}
+	if b.prev != NoBlock {
+		h.rec(b.prev).next = aid
+	} else {
+		h.regions[b.region].head = aid
+	}
+	b.prev = aid
+	b.addr += uintptr(n)
+	b.size -= n
+	st.blocks++
 	if inPlace {
 		l.bytes -= n
 	} else {
@@ -84,40 +116,8 @@ func (h *Heap) AllocFit(sid StreamID, pool uint8, n, requested, maxSize, minSpli
 	if h.splitHook != nil {
 		h.enter(b)
 	}
-	a.state = Allocated
-	a.aux = requested
 	h.live.put(h, aid, addr)
 	return aid, addr, n
-}
-
-// splitBelow cuts the first k bytes (0 < k < size) off b, which keeps its
-// record, its state and its place in any index (the caller fixes the
-// index for the new key), and returns the new lower block: a record with
-// b's state and stream, in no index. room has been checked.
-func (h *Heap) splitBelow(id BlockID, b *block, k uint64) (BlockID, *block) {
-	lid, lo := h.newRecUnzeroed()
-	*lo = block{
-		addr:   b.addr,
-		size:   k,
-		prev:   b.prev,
-		next:   id,
-		region: b.region,
-		stream: b.stream,
-		state:  b.state,
-		pool:   b.pool,
-	}
-	if b.prev != NoBlock {
-		h.rec(b.prev).next = lid
-	} else {
-		h.regions[b.region].head = lid
-	}
-	b.prev = lid
-	b.addr += uintptr(k)
-	b.size -= k
-	if b.stream != 0 {
-		h.streams[b.stream].blocks++
-	}
-	return lid, lo
 }
 
 // Freed is what FreeAt says of the block it freed. It has four fields so
@@ -140,17 +140,50 @@ type Freed struct {
 // When the block merges with a Free upper neighbour only, that neighbour
 // keeps its record and the freed block's record is recycled.
 func (h *Heap) FreeAt(addr uintptr) (f Freed, ok bool) {
-	i, id, b := h.live.find(h, addr)
-	if id == NoBlock {
+	t := &h.live
+	i, id, b := t.find(h, addr)
+	if id == NoBlock || b.up != 0 {
 		return Freed{}, false
 	}
-	if b.up != 0 {
-		return Freed{}, false
+	// t.removeAt(h, i), written out: the compiler does not inline it.
+	t.slots[i] = NoBlock
+	t.room++
+	if t.slots[(i+1)&(len(t.slots)-1)] != NoBlock {
+		t.shiftBack(h, i)
 	}
-	h.live.removeAt(h, i)
 	f = Freed{Size: b.size, Requested: b.aux, Stream: b.stream, Pool: b.pool}
 	b.state = Free
 	b.aux = 0
+	// The split-then-merge-back cycle: b was cut off the bottom of the
+	// memo's block, its upper neighbour, and its lower neighbour does not
+	// merge. The neighbour absorbs it and, back at the memo's key, keeps
+	// its slot (mergeFreed's first case, without a call).
+	var prev *block // b's lower neighbour, if any
+	if b.prev != NoBlock {
+		prev = h.rec(b.prev)
+	}
+	if nid := b.next; nid != NoBlock && h.splitHook == nil && (prev == nil || !mergeable(prev, f.Stream)) {
+		nx := h.rec(nid)
+		st := &h.streams[f.Stream]
+		l := &st.free[f.Pool] // nx's index, when it merges
+		if m := &l.memo; nid == m.id && m.ver == l.ver && nx.size+f.Size == m.size && mergeable(nx, f.Stream) {
+			l.bytes += f.Size
+			nx.addr = addr
+			nx.size += f.Size
+			nx.prev = b.prev
+			if prev != nil {
+				prev.next = nid
+			} else {
+				h.regions[b.region].head = nid
+			}
+			// freeRecord(id, b), with st at hand.
+			st.blocks--
+			*b = block{state: dead, next: h.freeRec}
+			h.freeRec = id
+			h.used--
+			return f, true
+		}
+	}
 	h.mergeFreed(id, b)
 	return f, true
 }

@@ -432,9 +432,11 @@ func (h *Heap) eachFree(l *tlsfIndex, fn func(BlockID) bool) {
 // record: open addressing over BlockIDs with linear probing and
 // backward-shift deletion; the key of a slot is its record's address, so a
 // slot is 4 bytes. It doubles when more than half full and never shrinks.
+// NewHeap sizes it (addrTableMinSize), so it always has an empty slot: a
+// probe ends without a count check.
 type addrTable struct {
-	slots []BlockID // NoBlock = empty
-	n     int       // occupied slots
+	slots []BlockID // NoBlock = empty; a power of two long
+	room  int       // puts left before the table doubles: len(slots)/2 − the occupied slots
 	shift uint      // 64 − log2(len(slots))
 }
 
@@ -446,29 +448,22 @@ func (t *addrTable) home(addr uintptr) int {
 
 func (t *addrTable) init(size int) {
 	t.slots = make([]BlockID, size)
-	t.n = 0
+	t.room = size / 2
 	t.shift = 64 - uint(bits.Len(uint(size))-1)
 }
 
+// len is the number of occupied slots.
+func (t *addrTable) len() int { return len(t.slots)/2 - t.room }
+
 func (t *addrTable) get(h *Heap, addr uintptr) BlockID {
-	if t.n == 0 {
-		return NoBlock
-	}
-	mask := len(t.slots) - 1
-	for i := t.home(addr); ; i = (i + 1) & mask {
-		id := t.slots[i]
-		if id == NoBlock || h.rec(id).addr == addr {
-			return id
-		}
-	}
+	_, id, _ := t.find(h, addr)
+	return id
 }
 
-// find is get that also returns the slot and the record of the block
-// found (NoBlock, nil when none).
+// find returns the slot, the BlockID and the record of the block at addr
+// (the empty slot that ends the probe, NoBlock and nil when none). It
+// inlines into FreeAt.
 func (t *addrTable) find(h *Heap, addr uintptr) (int, BlockID, *block) {
-	if t.n == 0 {
-		return 0, NoBlock, nil
-	}
 	mask := len(t.slots) - 1
 	for i := t.home(addr); ; i = (i + 1) & mask {
 		id := t.slots[i]
@@ -483,17 +478,8 @@ func (t *addrTable) find(h *Heap, addr uintptr) (int, BlockID, *block) {
 
 // put inserts id, whose address addr is not in the table.
 func (t *addrTable) put(h *Heap, id BlockID, addr uintptr) {
-	if t.slots == nil {
-		t.init(addrTableMinSize)
-	}
-	if 2*(t.n+1) > len(t.slots) {
-		old := t.slots
-		t.init(2 * len(old))
-		for _, x := range old {
-			if x != NoBlock {
-				t.put(h, x, h.rec(x).addr)
-			}
-		}
+	if t.room == 0 {
+		t.grow(h)
 	}
 	mask := len(t.slots) - 1
 	i := t.home(addr)
@@ -501,15 +487,23 @@ func (t *addrTable) put(h *Heap, id BlockID, addr uintptr) {
 		i = (i + 1) & mask
 	}
 	t.slots[i] = id
-	t.n++
+	t.room--
+}
+
+// grow doubles the table.
+func (t *addrTable) grow(h *Heap) {
+	old := t.slots
+	t.init(2 * len(old))
+	for _, x := range old {
+		if x != NoBlock {
+			t.put(h, x, h.rec(x).addr)
+		}
+	}
 }
 
 // remove takes id, whose address is addr, out; it reports whether id was
 // there.
 func (t *addrTable) remove(h *Heap, id BlockID, addr uintptr) bool {
-	if t.n == 0 {
-		return false
-	}
 	mask := len(t.slots) - 1
 	i := t.home(addr)
 	for t.slots[i] != id {
@@ -522,17 +516,28 @@ func (t *addrTable) remove(h *Heap, id BlockID, addr uintptr) bool {
 	return true
 }
 
-// removeAt empties occupied slot i, shifting back the entries after it
-// that probed past it.
+// removeAt empties occupied slot i. Where the next slot is empty (the
+// common case in a table at most half full) nothing else moves, and
+// removeAt inlines into the caller; else shiftBack moves back the entries
+// after i that probed past it.
 func (t *addrTable) removeAt(h *Heap, i int) {
+	t.slots[i] = NoBlock
+	t.room++
+	if t.slots[(i+1)&(len(t.slots)-1)] != NoBlock {
+		t.shiftBack(h, i)
+	}
+}
+
+// shiftBack fills hole i, just emptied, with the entries after it that
+// probed past it, and so on to the next empty slot.
+func (t *addrTable) shiftBack(h *Heap, i int) {
 	mask := len(t.slots) - 1
 	for j := (i + 1) & mask; t.slots[j] != NoBlock; j = (j + 1) & mask {
 		home := t.home(h.rec(t.slots[j]).addr)
 		if (j > i && (home <= i || home > j)) || (j < i && home <= i && home > j) {
 			t.slots[i] = t.slots[j]
+			t.slots[j] = NoBlock
 			i = j
 		}
 	}
-	t.slots[i] = NoBlock
-	t.n--
 }
