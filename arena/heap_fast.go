@@ -37,6 +37,50 @@ func (h *Heap) AllocFit(sid StreamID, pool uint8, n, requested, maxSize, minSpli
 	}
 	l := &st.free[pool]
 	id, b := h.memoFit(l, n)
+	if id == NoBlock || b.size-n < minSplit || h.freeRec == NoBlock || h.splitHook != nil || int64(h.used)+1 >= maxRecords-1 {
+		return h.allocFit(st, l, sid, pool, n, requested, maxSize, minSplit)
+	}
+	if b.size > maxSize {
+		return NoBlock, 0, 0
+	}
+	// The memo's block, split in place again with a recycled record:
+	// splitBelow written out, with no call but put's (the general path,
+	// allocFit, makes the calls, and the spills they cost, that this one
+	// does without).
+	aid := h.freeRec
+	a := h.rec(aid)
+	h.freeRec = a.next
+	h.used++
+	addr := b.addr
+	*a = block{
+		addr:   addr,
+		size:   n,
+		aux:    requested,
+		prev:   b.prev,
+		next:   id,
+		region: b.region,
+		stream: sid,
+		state:  Allocated,
+		pool:   pool,
+	}
+	if b.prev != NoBlock {
+		h.rec(b.prev).next = aid
+	} else {
+		h.regions[b.region].head = aid
+	}
+	b.prev = aid
+	b.addr += uintptr(n)
+	b.size -= n
+	st.blocks++
+	l.bytes -= n
+	h.live.put(h, aid, addr)
+	return aid, addr, n
+}
+
+// allocFit is AllocFit past its memo's fast path: index l of stream sid
+// (record st) in pool. Arguments are checked.
+func (h *Heap) allocFit(st *streamRec, l *tlsfIndex, sid StreamID, pool uint8, n, requested, maxSize, minSplit uint64) (BlockID, uintptr, uint64) {
+	id, b := h.memoFit(l, n)
 	memoHit := id != NoBlock
 	if !memoHit {
 		if id = h.bestFit(l, n); id == NoBlock {
@@ -75,39 +119,7 @@ func (h *Heap) AllocFit(sid StreamID, pool uint8, n, requested, maxSize, minSpli
 	if !inPlace {
 		h.remove(l, id, b)
 	}
-	// Split the first n bytes off b, which keeps its record, its stream
-	// (sid) and its pool: the Allocated block below it gets a new record,
-	// set whole (no zeroing), in no free index. Written out here, as the
-	// compiler would not inline it.
-	aid := h.freeRec
-	var a *block
-	if aid != NoBlock {
-		h.used++
-		a = h.rec(aid)
-		h.freeRec = a.next
-	} else {
-		aid, a = h.newRec()
-	}
-	*a = block{
-		addr:   addr,
-		size:   n,
-		aux:    requested,
-		prev:   b.prev,
-		next:   id,
-		region: b.region,
-		stream: sid,
-		state:  Allocated,
-		pool:   pool,
-	}
-	if b.prev != NoBlock {
-		h.rec(b.prev).next = aid
-	} else {
-		h.regions[b.region].head = aid
-	}
-	b.prev = aid
-	b.addr += uintptr(n)
-	b.size -= n
-	st.blocks++
+	aid, a := h.splitBelow(st, id, b, n)
 	if inPlace {
 		l.bytes -= n
 	} else {
@@ -116,8 +128,39 @@ func (h *Heap) AllocFit(sid StreamID, pool uint8, n, requested, maxSize, minSpli
 	if h.splitHook != nil {
 		h.enter(b)
 	}
+	a.state = Allocated
+	a.aux = requested
 	h.live.put(h, aid, addr)
 	return aid, addr, n
+}
+
+// splitBelow cuts the first k bytes (0 < k < size) off b, a block of
+// stream record st, which keeps its record, its state and its place in
+// any index (the caller fixes the index for the new key), and returns the
+// new lower block: a record with b's state and stream, in no index. room
+// has been checked.
+func (h *Heap) splitBelow(st *streamRec, id BlockID, b *block, k uint64) (BlockID, *block) {
+	lid, lo := h.newRecUnzeroed()
+	*lo = block{
+		addr:   b.addr,
+		size:   k,
+		prev:   b.prev,
+		next:   id,
+		region: b.region,
+		stream: b.stream,
+		state:  b.state,
+		pool:   b.pool,
+	}
+	if b.prev != NoBlock {
+		h.rec(b.prev).next = lid
+	} else {
+		h.regions[b.region].head = lid
+	}
+	b.prev = lid
+	b.addr += uintptr(k)
+	b.size -= k
+	st.blocks++
+	return lid, lo
 }
 
 // Freed is what FreeAt says of the block it freed. It has four fields so
@@ -151,22 +194,21 @@ func (h *Heap) FreeAt(addr uintptr) (f Freed, ok bool) {
 	if t.slots[(i+1)&(len(t.slots)-1)] != NoBlock {
 		t.shiftBack(h, i)
 	}
-	f = Freed{Size: b.size, Requested: b.aux, Stream: b.stream, Pool: b.pool}
-	b.state = Free
-	b.aux = 0
 	// The split-then-merge-back cycle: b was cut off the bottom of the
 	// memo's block, its upper neighbour, and its lower neighbour does not
 	// merge. The neighbour absorbs it and, back at the memo's key, keeps
-	// its slot (mergeFreed's first case, without a call).
+	// its slot: mergeFreed's first case, without a call (or the spills
+	// around one).
 	var prev *block // b's lower neighbour, if any
 	if b.prev != NoBlock {
 		prev = h.rec(b.prev)
 	}
-	if nid := b.next; nid != NoBlock && h.splitHook == nil && (prev == nil || !mergeable(prev, f.Stream)) {
+	if nid := b.next; nid != NoBlock && h.splitHook == nil && (prev == nil || !mergeable(prev, b.stream)) {
 		nx := h.rec(nid)
-		st := &h.streams[f.Stream]
-		l := &st.free[f.Pool] // nx's index, when it merges
-		if m := &l.memo; nid == m.id && m.ver == l.ver && nx.size+f.Size == m.size && mergeable(nx, f.Stream) {
+		st := &h.streams[b.stream]
+		l := &st.free[b.pool] // nx's index, when it merges
+		if m := &l.memo; nid == m.id && m.ver == l.ver && nx.size+b.size == m.size && mergeable(nx, b.stream) {
+			f = Freed{Size: b.size, Requested: b.aux, Stream: b.stream, Pool: b.pool}
 			l.bytes += f.Size
 			nx.addr = addr
 			nx.size += f.Size
@@ -184,8 +226,18 @@ func (h *Heap) FreeAt(addr uintptr) (f Freed, ok bool) {
 			return f, true
 		}
 	}
+	return h.freeMerge(id, b), true
+}
+
+// freeMerge is FreeAt past its fast path: it frees b, taken out of the
+// address table, merges it (mergeFreed) and returns what FreeAt says of
+// it.
+func (h *Heap) freeMerge(id BlockID, b *block) Freed {
+	f := Freed{Size: b.size, Requested: b.aux, Stream: b.stream, Pool: b.pool}
+	b.state = Free
+	b.aux = 0
 	h.mergeFreed(id, b)
-	return f, true
+	return f
 }
 
 // mergeFreed is coalesceInsert for a block just freed: when only its

@@ -443,7 +443,7 @@ type addrTable struct {
 const addrTableMinSize = 1024
 
 func (t *addrTable) home(addr uintptr) int {
-	return int((uint64(addr) * 0x9E3779B97F4A7C15) >> t.shift)
+	return int((uint64(addr) * 0x9E3779B97F4A7C15) >> (t.shift & 63)) // & 63: no test for shifts ≥ 64
 }
 
 func (t *addrTable) init(size int) {
@@ -463,14 +463,12 @@ func (t *addrTable) get(h *Heap, addr uintptr) BlockID {
 // find returns the slot, the BlockID and the record of the block at addr
 // (the empty slot that ends the probe, NoBlock and nil when none). It
 // inlines into FreeAt.
-func (t *addrTable) find(h *Heap, addr uintptr) (int, BlockID, *block) {
-	mask := len(t.slots) - 1
-	for i := t.home(addr); ; i = (i + 1) & mask {
-		id := t.slots[i]
-		if id == NoBlock {
+func (t *addrTable) find(h *Heap, addr uintptr) (i int, id BlockID, b *block) {
+	for i = t.home(addr); ; i = (i + 1) & (len(t.slots) - 1) {
+		if id = t.slots[i]; id == NoBlock {
 			return i, NoBlock, nil
 		}
-		if b := h.rec(id); b.addr == addr {
+		if b = h.rec(id); b.addr == addr {
 			return i, id, b
 		}
 	}
