@@ -216,15 +216,17 @@ func (h *Heap) newRec() (BlockID, *block) {
 	return id, h.rec(id)
 }
 
-// newRecUnzeroed is newRec for a caller that sets the whole record.
-func (h *Heap) newRecUnzeroed() (BlockID, *block) {
-	if id := h.freeRec; id != NoBlock {
-		h.used++
-		b := h.rec(id)
-		h.freeRec = b.next
-		return id, b
+// recycled takes a recycled record, not zeroed, for a caller that sets
+// the whole record; NoBlock when none. It inlines.
+func (h *Heap) recycled() (BlockID, *block) {
+	id := h.freeRec
+	if id == NoBlock {
+		return NoBlock, nil
 	}
-	return h.newRec()
+	b := h.rec(id)
+	h.freeRec = b.next
+	h.used++
+	return id, b
 }
 
 // freeRecord recycles the record of id, which is in no index.

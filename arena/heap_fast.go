@@ -44,34 +44,11 @@ func (h *Heap) AllocFit(sid StreamID, pool uint8, n, requested, maxSize, minSpli
 		return NoBlock, 0, 0
 	}
 	// The memo's block, split in place again with a recycled record:
-	// splitBelow written out, with no call but put's (the general path,
-	// allocFit, makes the calls, and the spills they cost, that this one
-	// does without).
-	aid := h.freeRec
-	a := h.rec(aid)
-	h.freeRec = a.next
-	h.used++
+	// no call but put's (the general path, allocFit, makes the calls,
+	// and the spills they cost, that this one does without).
+	aid, a := h.recycled()
 	addr := b.addr
-	*a = block{
-		addr:   addr,
-		size:   n,
-		aux:    requested,
-		prev:   b.prev,
-		next:   id,
-		region: b.region,
-		stream: sid,
-		state:  Allocated,
-		pool:   pool,
-	}
-	if b.prev != NoBlock {
-		h.rec(b.prev).next = aid
-	} else {
-		h.regions[b.region].head = aid
-	}
-	b.prev = aid
-	b.addr += uintptr(n)
-	b.size -= n
-	st.blocks++
+	h.splitBelow(st, id, b, aid, a, n, requested)
 	l.bytes -= n
 	h.live.put(h, aid, addr)
 	return aid, addr, n
@@ -119,7 +96,11 @@ func (h *Heap) allocFit(st *streamRec, l *tlsfIndex, sid StreamID, pool uint8, n
 	if !inPlace {
 		h.remove(l, id, b)
 	}
-	aid, a := h.splitBelow(st, id, b, n)
+	aid, a := h.recycled()
+	if aid == NoBlock {
+		aid, a = h.newRec()
+	}
+	h.splitBelow(st, id, b, aid, a, n, requested)
 	if inPlace {
 		l.bytes -= n
 	} else {
@@ -128,39 +109,37 @@ func (h *Heap) allocFit(st *streamRec, l *tlsfIndex, sid StreamID, pool uint8, n
 	if h.splitHook != nil {
 		h.enter(b)
 	}
-	a.state = Allocated
-	a.aux = requested
 	h.live.put(h, aid, addr)
 	return aid, addr, n
 }
 
-// splitBelow cuts the first k bytes (0 < k < size) off b, a block of
-// stream record st, which keeps its record, its state and its place in
-// any index (the caller fixes the index for the new key), and returns the
-// new lower block: a record with b's state and stream, in no index. room
-// has been checked.
-func (h *Heap) splitBelow(st *streamRec, id BlockID, b *block, k uint64) (BlockID, *block) {
-	lid, lo := h.newRecUnzeroed()
-	*lo = block{
+// splitBelow cuts the first n bytes (0 < n < size) off b, a Free block
+// of stream record st, which keeps its record and its place in any index
+// (the caller fixes the index for the new key), and makes them the
+// Allocated block aid for a request of requested bytes, in record a,
+// which the caller took (recycled or newRec) and splitBelow sets whole. room
+// has been checked. It inlines.
+func (h *Heap) splitBelow(st *streamRec, id BlockID, b *block, aid BlockID, a *block, n, requested uint64) {
+	*a = block{
 		addr:   b.addr,
-		size:   k,
+		size:   n,
+		aux:    requested,
 		prev:   b.prev,
 		next:   id,
 		region: b.region,
 		stream: b.stream,
-		state:  b.state,
+		state:  Allocated,
 		pool:   b.pool,
 	}
 	if b.prev != NoBlock {
-		h.rec(b.prev).next = lid
+		h.rec(b.prev).next = aid
 	} else {
-		h.regions[b.region].head = lid
+		h.regions[b.region].head = aid
 	}
-	b.prev = lid
-	b.addr += uintptr(k)
-	b.size -= k
+	b.prev = aid
+	b.addr += uintptr(n)
+	b.size -= n
 	st.blocks++
-	return lid, lo
 }
 
 // Freed is what FreeAt says of the block it freed. It has four fields so
@@ -197,8 +176,7 @@ func (h *Heap) FreeAt(addr uintptr) (f Freed, ok bool) {
 	// The split-then-merge-back cycle: b was cut off the bottom of the
 	// memo's block, its upper neighbour, and its lower neighbour does not
 	// merge. The neighbour absorbs it and, back at the memo's key, keeps
-	// its slot: mergeFreed's first case, without a call (or the spills
-	// around one).
+	// its slot: mergeFreed's first case, without a call.
 	var prev *block // b's lower neighbour, if any
 	if b.prev != NoBlock {
 		prev = h.rec(b.prev)
@@ -226,18 +204,11 @@ func (h *Heap) FreeAt(addr uintptr) (f Freed, ok bool) {
 			return f, true
 		}
 	}
-	return h.freeMerge(id, b), true
-}
-
-// freeMerge is FreeAt past its fast path: it frees b, taken out of the
-// address table, merges it (mergeFreed) and returns what FreeAt says of
-// it.
-func (h *Heap) freeMerge(id BlockID, b *block) Freed {
-	f := Freed{Size: b.size, Requested: b.aux, Stream: b.stream, Pool: b.pool}
+	f = Freed{Size: b.size, Requested: b.aux, Stream: b.stream, Pool: b.pool}
 	b.state = Free
 	b.aux = 0
 	h.mergeFreed(id, b)
-	return f
+	return f, true
 }
 
 // mergeFreed is coalesceInsert for a block just freed: when only its
