@@ -37,20 +37,22 @@ func (h *Heap) AllocFit(sid StreamID, pool uint8, n, requested, maxSize, minSpli
 	}
 	l := &st.free[pool]
 	id, b := h.memoFit(l, n)
-	if id == NoBlock || b.size-n < minSplit || h.freeRec == NoBlock || h.splitHook != nil || int64(h.used)+1 >= maxRecords-1 {
+	if id == NoBlock || b.size-n < minSplit || h.freeRec == NoBlock || h.live.room == 0 || h.splitHook != nil || int64(h.used)+1 >= maxRecords-1 {
 		return h.allocFit(st, l, sid, pool, n, requested, maxSize, minSplit)
 	}
 	if b.size > maxSize {
 		return NoBlock, 0, 0
 	}
-	// The memo's block, split in place again with a recycled record:
-	// no call but put's (the general path, allocFit, makes the calls,
-	// and the spills they cost, that this one does without).
+	// The memo's block, split in place again with a recycled record and
+	// room in the address table: no call (the general path, allocFit,
+	// makes the calls, and the spills they cost, that this one does
+	// without).
 	aid, a := h.recycled()
 	addr := b.addr
-	h.splitBelow(st, id, b, aid, a, n, requested)
+	a.setBelow(id, b, n, requested)
+	h.splitBelow(st, b, aid, n)
 	l.bytes -= n
-	h.live.put(h, aid, addr)
+	h.live.putRoom(aid, addr)
 	return aid, addr, n
 }
 
@@ -100,7 +102,8 @@ func (h *Heap) allocFit(st *streamRec, l *tlsfIndex, sid StreamID, pool uint8, n
 	if aid == NoBlock {
 		aid, a = h.newRec()
 	}
-	h.splitBelow(st, id, b, aid, a, n, requested)
+	a.setBelow(id, b, n, requested)
+	h.splitBelow(st, b, aid, n)
 	if inPlace {
 		l.bytes -= n
 	} else {
@@ -115,22 +118,10 @@ func (h *Heap) allocFit(st *streamRec, l *tlsfIndex, sid StreamID, pool uint8, n
 
 // splitBelow cuts the first n bytes (0 < n < size) off b, a Free block
 // of stream record st, which keeps its record and its place in any index
-// (the caller fixes the index for the new key), and makes them the
-// Allocated block aid for a request of requested bytes, in record a,
-// which the caller took (recycled or newRec) and splitBelow sets whole. room
-// has been checked. It inlines.
-func (h *Heap) splitBelow(st *streamRec, id BlockID, b *block, aid BlockID, a *block, n, requested uint64) {
-	*a = block{
-		addr:   b.addr,
-		size:   n,
-		aux:    requested,
-		prev:   b.prev,
-		next:   id,
-		region: b.region,
-		stream: b.stream,
-		state:  Allocated,
-		pool:   b.pool,
-	}
+// (the caller fixes the index for the new key), and links in their new
+// block aid below it, which setBelow has set. room has been checked. It
+// inlines.
+func (h *Heap) splitBelow(st *streamRec, b *block, aid BlockID, n uint64) {
 	if b.prev != NoBlock {
 		h.rec(b.prev).next = aid
 	} else {
@@ -140,6 +131,22 @@ func (h *Heap) splitBelow(st *streamRec, id BlockID, b *block, aid BlockID, a *b
 	b.addr += uintptr(n)
 	b.size -= n
 	st.blocks++
+}
+
+// setBelow makes a, a record that is zero but for its state and next
+// (from recycled or newRec), the Allocated block of the first n bytes of
+// b (id) for a request of requested bytes. Field by field: a composite
+// literal would be built on the stack and copied.
+func (a *block) setBelow(id BlockID, b *block, n, requested uint64) {
+	a.addr = b.addr
+	a.size = n
+	a.aux = requested
+	a.prev = b.prev
+	a.next = id
+	a.region = b.region
+	a.stream = b.stream
+	a.state = Allocated
+	a.pool = b.pool
 }
 
 // Freed is what FreeAt says of the block it freed. It has four fields so

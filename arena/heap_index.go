@@ -479,10 +479,14 @@ func (t *addrTable) put(h *Heap, id BlockID, addr uintptr) {
 	if t.room == 0 {
 		t.grow(h)
 	}
-	mask := len(t.slots) - 1
+	t.putRoom(id, addr)
+}
+
+// putRoom is put for a caller that has seen room (room > 0). It inlines.
+func (t *addrTable) putRoom(id BlockID, addr uintptr) {
 	i := t.home(addr)
 	for t.slots[i] != NoBlock {
-		i = (i + 1) & mask
+		i = (i + 1) & (len(t.slots) - 1)
 	}
 	t.slots[i] = id
 	t.room--
