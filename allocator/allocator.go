@@ -514,9 +514,13 @@ func (a *Allocator) Malloc(size uint64, stream backend.Stream) (uintptr, error) 
 		maxSize, minSplit := a.fitLimits(a.def.expandable, cl, rounded)
 		maxSize = a.hitBound(rounded, maxSize)
 		if b, addr, bsize := a.heap.AllocFit(ss.sid, uint8(cl.idx), rounded, size, maxSize, minSplit); b != arena.NoBlock {
-			if !a.pooled && bsize < a.oversize { // countAlloc's common case, without the call
+			if bsize < a.oversize { // countAlloc's common case, without the call
 				ss.active++
-				a.st.CountMalloc(cl.kind, int64(bsize), int64(size))
+				if a.pooled {
+					stats.CountMallocBoth(&a.st, &ss.pool.st, cl.kind, int64(bsize), int64(size))
+				} else {
+					a.st.CountMalloc(cl.kind, int64(bsize), int64(size))
+				}
 			} else {
 				a.countAlloc(ss, cl, bsize, size)
 			}
@@ -696,8 +700,12 @@ func (a *Allocator) Free(ptr uintptr) error {
 			ss.idle = false
 			ss.active--
 			ss.frees++
-			if !a.pooled && pk.Size < a.oversize { // countFree's common case, without the call
-				a.st.CountFree(classKind(pk.Pool), int64(pk.Size), int64(pk.Requested))
+			if pk.Size < a.oversize { // countFree's common case, without the call
+				kind := classKind(pk.Pool)
+				a.st.CountFree(kind, int64(pk.Size), int64(pk.Requested))
+				if a.pooled {
+					ss.pool.st.CountFree(kind, int64(pk.Size), int64(pk.Requested))
+				}
 			} else {
 				a.countFree(ss, pk)
 			}

@@ -31,13 +31,15 @@ func (h *Heap) AllocFit(sid StreamID, pool uint8, n, requested, maxSize, minSpli
 	if uint(sid) >= uint(len(h.streams)) || requested-1 >= n || minSplit == 0 {
 		return NoBlock, 0, 0
 	}
-	st := &h.streams[sid]
+	st := &h.streams[uint(sid)] // uint: the test above serves as the bounds check
 	if int(pool) >= len(st.free) {
 		return NoBlock, 0, 0 // also stream slot 0, whose free is nil
 	}
 	l := &st.free[pool]
 	id, b := h.memoFit(l, n)
-	if id == NoBlock || b.size-n < minSplit || h.freeRec == NoBlock || h.live.room == 0 || h.splitHook != nil || int64(h.used)+1 >= maxRecords-1 {
+	// With a recycled record the heap is not full: nrec stays below
+	// maxRecords-1 (newRec's callers check room) and used below nrec-1.
+	if id == NoBlock || b.size-n < minSplit || h.freeRec == NoBlock || h.live.room == 0 || h.splitHook != nil {
 		return h.allocFit(st, l, sid, pool, n, requested, maxSize, minSplit)
 	}
 	if b.size > maxSize {
