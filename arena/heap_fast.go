@@ -182,67 +182,61 @@ func (h *Heap) FreeAt(addr uintptr) (f Freed, ok bool) {
 	if t.slots[(i+1)&(len(t.slots)-1)] != NoBlock {
 		t.shiftBack(h, i)
 	}
-	// The split-then-merge-back cycle: b was cut off the bottom of the
-	// memo's block, its upper neighbour, and its lower neighbour does not
-	// merge. The neighbour absorbs it and, back at the memo's key, keeps
-	// its slot: mergeFreed's first case, without a call.
-	var prev *block // b's lower neighbour, if any
-	if b.prev != NoBlock {
-		prev = h.rec(b.prev)
-	}
-	if nid := b.next; nid != NoBlock && h.splitHook == nil && (prev == nil || !mergeable(prev, b.stream)) {
-		nx := h.rec(nid)
-		st := &h.streams[b.stream]
-		l := &st.free[b.pool] // nx's index, when it merges
-		if m := &l.memo; nid == m.id && m.ver == l.ver && nx.size+b.size == m.size && mergeable(nx, b.stream) {
-			f = Freed{Size: b.size, Requested: b.aux, Stream: b.stream, Pool: b.pool}
-			l.bytes += f.Size
-			nx.addr = addr
-			nx.size += f.Size
-			nx.prev = b.prev
-			if prev != nil {
-				prev.next = nid
-			} else {
-				h.regions[b.region].head = nid
-			}
-			// freeRecord(id, b), with st at hand.
-			st.blocks--
-			*b = block{state: dead, next: h.freeRec}
-			h.freeRec = id
-			h.used--
-			return f, true
-		}
-	}
 	f = Freed{Size: b.size, Requested: b.aux, Stream: b.stream, Pool: b.pool}
 	b.state = Free
 	b.aux = 0
-	h.mergeFreed(id, b)
-	return f, true
-}
-
-// mergeFreed is coalesceInsert for a block just freed: when only its
-// upper neighbour is Free on its stream, that neighbour absorbs it (the
-// split-then-merge-back cycle of AllocFit undone without treap changes
-// when the neighbour's slot still fits its new key).
-func (h *Heap) mergeFreed(id BlockID, b *block) {
+	// coalesceInsert, by cases, for a block that was in no index.
 	var prev *block // b's lower neighbour, if any
 	if b.prev != NoBlock {
-		if prev = h.rec(b.prev); mergeable(prev, b.stream) {
+		if prev = h.rec(b.prev); mergeable(prev, f.Stream) {
 			h.coalesceInsert(id, b)
-			return
+			return f, true
 		}
 	}
 	nid := b.next
-	if nid == NoBlock {
-		h.coalesceInsert(id, b)
-		return
+	var nx *block // b's upper neighbour, if any
+	if nid != NoBlock {
+		nx = h.rec(nid)
 	}
-	nx := h.rec(nid)
-	if !mergeable(nx, b.stream) {
-		h.coalesceInsert(id, b)
-		return
+	if nx == nil || !mergeable(nx, f.Stream) { // no merge
+		h.insert(h.list(b), id, b)
+		if h.splitHook != nil {
+			h.enter(b)
+		}
+		return f, true
 	}
-	l := h.list(nx)
+	// Only the upper neighbour merges. The split-then-merge-back cycle:
+	// b was cut off the bottom of the memo's block, which absorbs it and,
+	// back at the memo's key, keeps its slot (mergeAbove's first case,
+	// without the call).
+	st := &h.streams[f.Stream]
+	l := &st.free[f.Pool] // nx's index
+	if m := &l.memo; nid == m.id && m.ver == l.ver && nx.size+f.Size == m.size && h.splitHook == nil {
+		l.bytes += f.Size
+		nx.addr = addr
+		nx.size += f.Size
+		nx.prev = b.prev
+		if prev != nil {
+			prev.next = nid
+		} else {
+			h.regions[b.region].head = nid
+		}
+		// freeRecord(id, b), with st at hand.
+		st.blocks--
+		*b = block{state: dead, next: h.freeRec}
+		h.freeRec = id
+		h.used--
+		return f, true
+	}
+	h.mergeAbove(l, id, b, prev, nid, nx)
+	return f, true
+}
+
+// mergeAbove merges Free block b (in no index), whose lower neighbour
+// prev (nil when none) does not merge, into its upper neighbour nx,
+// listed in l: nx keeps its treap slot when its new key still orders
+// there (the split-then-merge-back cycle of AllocFit undone).
+func (h *Heap) mergeAbove(l *tlsfIndex, id BlockID, b, prev *block, nid BlockID, nx *block) {
 	if h.splitHook != nil {
 		h.leave(nx)
 	}

@@ -46,8 +46,9 @@ type tlsfIndex struct {
 // search again: while the index's ver is memo's and the block's size is
 // back to size, the index holds what it held then, so bestFit(n) is id
 // again, and splitting n off it fits its treap slot again. Only id's own
-// in-place splits (AllocFit) and merges (mergeFreed) leave ver alone, and
-// both keep the block's end address, so its size alone tells its key.
+// in-place splits (AllocFit) and merges (FreeAt, mergeAbove) leave ver
+// alone, and both keep the block's end address, so its size alone tells
+// its key.
 // Every other change (insert, remove, replaceSlot, another block's
 // in-place merge) moves ver. Heap.Check verifies a memo that claims to be
 // valid.
