@@ -80,7 +80,10 @@ func (h *Heap) allocFit(st *streamRec, l *tlsfIndex, sid StreamID, pool uint8, n
 		h.remove(l, id, b)
 		b.state = Allocated
 		b.aux, b.up = requested, 0
-		h.live.put(h, id, b.addr)
+		if h.live.room == 0 { // put, without the call
+			h.live.grow(h)
+		}
+		h.live.putRoom(id, b.addr)
 		return id, b.addr, size
 	}
 	if int64(h.used)+1 >= maxRecords-1 {
@@ -114,7 +117,10 @@ func (h *Heap) allocFit(st *streamRec, l *tlsfIndex, sid StreamID, pool uint8, n
 	if h.splitHook != nil {
 		h.enter(b)
 	}
-	h.live.put(h, aid, addr)
+	if h.live.room == 0 { // put, without the call
+		h.live.grow(h)
+	}
+	h.live.putRoom(aid, addr)
 	return aid, addr, n
 }
 

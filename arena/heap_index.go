@@ -216,8 +216,9 @@ func (h *Heap) insert(l *tlsfIndex, id BlockID, b *block) {
 		g.slMap |= 1 << sl
 	} else {
 		cur := *root
+		var cb *block
 		for {
-			cb := h.rec(cur)
+			cb = h.rec(cur)
 			if lessRec(b, cb) {
 				if cb.left() == NoBlock {
 					cb.setLeft(id)
@@ -233,8 +234,11 @@ func (h *Heap) insert(l *tlsfIndex, id BlockID, b *block) {
 			}
 		}
 		b.up = int32(cur)
-		for b.up != 0 && b.prio < h.rec(BlockID(b.up)).prio {
+		if b.prio < cb.prio { // the parent's record is at hand: seldom a rotation
 			h.rotateUp(root, id)
+			for b.up != 0 && b.prio < h.rec(BlockID(b.up)).prio {
+				h.rotateUp(root, id)
+			}
 		}
 	}
 	l.n++
