@@ -216,8 +216,9 @@ func (h *Heap) newRec() (BlockID, *block) {
 	return id, h.rec(id)
 }
 
-// recycled takes a recycled record, not zeroed, for a caller that sets
-// the whole record; NoBlock when none. It inlines.
+// recycled takes a recycled record as freeRecord left it (zero but for
+// its state and next, which the caller sets), or NoBlock when none. It
+// inlines.
 func (h *Heap) recycled() (BlockID, *block) {
 	id := h.freeRec
 	if id == NoBlock {
@@ -229,7 +230,9 @@ func (h *Heap) recycled() (BlockID, *block) {
 	return id, b
 }
 
-// freeRecord recycles the record of id, which is in no index.
+// freeRecord recycles the record of id, which is in no index: zeroed but
+// for its state (dead) and next (the chain), which recycled's callers
+// rely on.
 func (h *Heap) freeRecord(id BlockID, b *block) {
 	if b.stream != 0 {
 		h.streams[b.stream].blocks--

@@ -40,7 +40,7 @@ func (h *Heap) AllocFit(sid StreamID, pool uint8, n, requested, maxSize, minSpli
 	// With a recycled record the heap is not full: nrec stays below
 	// maxRecords-1 (newRec's callers check room) and used below nrec-1.
 	if id == NoBlock || b.size-n < minSplit || h.freeRec == NoBlock || h.live.room == 0 || h.splitHook != nil {
-		return h.allocFit(st, l, sid, pool, n, requested, maxSize, minSplit)
+		return h.allocFit(st, l, n, requested, maxSize, minSplit)
 	}
 	if b.size > maxSize {
 		return NoBlock, 0, 0
@@ -58,9 +58,9 @@ func (h *Heap) AllocFit(sid StreamID, pool uint8, n, requested, maxSize, minSpli
 	return aid, addr, n
 }
 
-// allocFit is AllocFit past its memo's fast path: index l of stream sid
-// (record st) in pool. Arguments are checked.
-func (h *Heap) allocFit(st *streamRec, l *tlsfIndex, sid StreamID, pool uint8, n, requested, maxSize, minSplit uint64) (BlockID, uintptr, uint64) {
+// allocFit is AllocFit past its memo's fast path, in index l of stream
+// record st. Arguments are checked.
+func (h *Heap) allocFit(st *streamRec, l *tlsfIndex, n, requested, maxSize, minSplit uint64) (BlockID, uintptr, uint64) {
 	id, b := h.memoFit(l, n)
 	memoHit := id != NoBlock
 	if !memoHit {
