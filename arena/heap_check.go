@@ -218,6 +218,9 @@ func (h *Heap) checkIndex(l *tlsfIndex, sid StreamID, pool uint8) error {
 	if n != int(l.n) || sum != l.bytes {
 		return corrupt("stream %d pool %d: index counts %d blocks of %d bytes, holds %d of %d", sid, pool, l.n, l.bytes, n, sum)
 	}
+	if m := l.memo; (m.id == NoBlock) != (m.b == nil) || m.id != NoBlock && (int32(m.id) >= h.nrec || m.b != h.rec(m.id)) {
+		return corrupt("stream %d pool %d: the best-fit memo's record is not block %d's", sid, pool, m.id)
+	}
 	// A memo that AllocFit would use must say what a search says.
 	if m := l.memo; m.n > 0 {
 		if id, b := h.memoFit(l, m.n); id != NoBlock {

@@ -97,7 +97,7 @@ func (h *Heap) allocFit(st *streamRec, l *tlsfIndex, n, requested, maxSize, minS
 	if !memoHit {
 		if inPlace = h.fitsSlotSmaller(id, b, size-n, addr+uintptr(n)); inPlace {
 			m := &l.memo // field by field: no zeroing
-			m.ver, m.id, m.n, m.size = l.ver, id, n, size
+			m.ver, m.id, m.n, m.size, m.b = l.ver, id, n, size, b
 		}
 	}
 	if !inPlace {
@@ -199,13 +199,19 @@ func (h *Heap) FreeAt(addr uintptr) (f Freed, ok bool) {
 			return f, true
 		}
 	}
+	st := &h.streams[f.Stream]
+	l := &st.free[f.Pool] // b's index, and its upper neighbour's if they merge
+	m := &l.memo
 	nid := b.next
-	var nx *block // b's upper neighbour, if any
-	if nid != NoBlock {
-		nx = h.rec(nid)
+	nx := m.b // b's upper neighbour, if any: the memo's record is at hand
+	if nid != m.id {
+		nx = nil
+		if nid != NoBlock {
+			nx = h.rec(nid)
+		}
 	}
 	if nx == nil || !mergeable(nx, f.Stream) { // no merge
-		h.insert(h.list(b), id, b)
+		h.insert(l, id, b)
 		if h.splitHook != nil {
 			h.enter(b)
 		}
@@ -215,9 +221,7 @@ func (h *Heap) FreeAt(addr uintptr) (f Freed, ok bool) {
 	// b was cut off the bottom of the memo's block, which absorbs it and,
 	// back at the memo's key, keeps its slot (mergeAbove's first case,
 	// without the call).
-	st := &h.streams[f.Stream]
-	l := &st.free[f.Pool] // nx's index
-	if m := &l.memo; nid == m.id && m.ver == l.ver && nx.size+f.Size == m.size && h.splitHook == nil {
+	if nid == m.id && m.ver == l.ver && nx.size+f.Size == m.size && h.splitHook == nil {
 		l.bytes += f.Size
 		nx.addr = addr
 		nx.size += f.Size

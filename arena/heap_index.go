@@ -10,7 +10,7 @@ import "math/bits"
 //
 // The index is sparse. The second-level bitmap and the 16 class roots of a
 // first level (a tlsfGroup, 68 bytes) exist only while that first level
-// holds a free block, or held one lately: an index costs 112 bytes empty
+// holds a free block, or held one lately: an index costs 160 bytes empty
 // and a group per first level in use, not the 4 KB of a full table of 976
 // class roots. A heap may register a stream per request, and a hostile
 // trace a hundred thousand streams that each hold one block or none, so
@@ -57,6 +57,9 @@ type fitMemo struct {
 	id   BlockID // bestFit(l, n); NoBlock: none kept
 	n    uint64  // the request, nbytes
 	size uint64  // id's size then
+	// b is id's record (nil when id is NoBlock), whatever ver says:
+	// records never move, so the memo's users need not look it up.
+	b *block
 }
 
 // memoFit returns the kept best fit of l for n bytes if the memo is
@@ -66,8 +69,8 @@ func (h *Heap) memoFit(l *tlsfIndex, n uint64) (BlockID, *block) {
 	if m.ver != l.ver || m.n != n || m.id == NoBlock {
 		return NoBlock, nil
 	}
-	if b := h.rec(m.id); b.size == m.size {
-		return m.id, b
+	if m.b.size == m.size {
+		return m.id, m.b
 	}
 	return NoBlock, nil
 }
