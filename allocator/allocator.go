@@ -514,7 +514,16 @@ func (a *Allocator) Malloc(size uint64, stream backend.Stream) (uintptr, error) 
 		maxSize, minSplit := a.fitLimits(a.def.expandable, cl, rounded)
 		maxSize = a.hitBound(rounded, maxSize)
 		if b, addr, bsize := a.heap.AllocFit(ss.sid, uint8(cl.idx), rounded, size, maxSize, minSplit); b != arena.NoBlock {
-			a.countAlloc(ss, cl, bsize, size)
+			if bsize < a.oversize { // countAlloc's common case, without the call
+				ss.active++
+				if a.pooled {
+					stats.CountMallocBoth(&a.st, &ss.pool.st, cl.kind, int64(bsize), int64(size))
+				} else {
+					a.st.CountMalloc(cl.kind, int64(bsize), int64(size))
+				}
+			} else {
+				a.countAlloc(ss, cl, bsize, size)
+			}
 			a.mu.Unlock()
 			return addr, nil
 		}
@@ -685,7 +694,21 @@ func (a *Allocator) Free(ptr uintptr) error {
 	// event on this one. One lock round trip without defer.
 	if len(a.uses) == 0 && a.hist == nil && !a.closed {
 		if pk, ok := a.heap.FreeAt(ptr); ok {
-			ss := a.countFree(pk)
+			// No guess from lastS: a private pool's owner is never
+			// lastS, and the index costs what the guess does.
+			ss := a.states[pk.Stream]
+			ss.idle = false
+			ss.active--
+			ss.frees++
+			if pk.Size < a.oversize { // countFree's common case, without the call
+				kind := classKind(pk.Pool)
+				a.st.CountFree(kind, int64(pk.Size), int64(pk.Requested))
+				if a.pooled {
+					ss.pool.st.CountFree(kind, int64(pk.Size), int64(pk.Requested))
+				}
+			} else {
+				a.countFree(ss, pk)
+			}
 			if ss.pool.asleep {
 				a.dropBackup(ss.pool, ptr)
 			}
@@ -707,12 +730,9 @@ func (a *Allocator) releaseIdleUnlock() error {
 	return nil
 }
 
-// countFree counts the free of Allocated block pk (no events; the heap
-// has freed it) and returns its stream's state. mu held.
-func (a *Allocator) countFree(pk arena.Freed) *streamState {
-	// No guess from lastS: a private pool's owner is never lastS, and
-	// the index costs what the guess does.
-	ss := a.states[pk.Stream]
+// countFree counts in the statistics the free of Allocated block pk of
+// ss (no events; the heap has freed it). mu held.
+func (a *Allocator) countFree(ss *streamState, pk arena.Freed) {
 	kind := classKind(pk.Pool)
 	a.st.CountFree(kind, int64(pk.Size), int64(pk.Requested))
 	if a.pooled {
@@ -723,10 +743,6 @@ func (a *Allocator) countFree(pk arena.Freed) *streamState {
 			st.OversizeAllocations.Add(-1)
 		}
 	}
-	ss.idle = false
-	ss.active--
-	ss.frees++
-	return ss
 }
 
 // freeSlow is Free's general path: bad pointers, recorded streams,

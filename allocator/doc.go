@@ -244,24 +244,31 @@
 // with every statistic stored eagerly, 995 with HotCounters, 956 with
 // FreeAt's four-field result, 905 just before pools, 912 with them (906
 // measured again in this round), 869 with Active derived, 722 with the
-// best-fit memo. Per call of the warm
-// replay of cs336_ctx128_fullstep (-bench 'WarmReplay/ids=dense', 60
-// passes less 10, 13,542 calls a pass): 694, 673, 650, then 641 with
-// pools and 643 now: the replay's calls rarely free and reallocate one
-// size with nothing in between, so the memo seldom serves it, and what it
-// costs there the derived statistics save. What remains per pair: the
-// lock's two atomic round trips, the split and the merge back, the
-// address table, and a dozen calls (Go keeps no register across a call,
-// so each spills and reloads what is live).
+// best-fit memo, 483 with no call below AllocFit and FreeAt on the memo's
+// split and merge back (the record, the split, the address table's put and
+// removal written out or inlined), the memo keeping its block's record,
+// and the statistics' common case counted without the countAlloc and
+// countFree calls. Per call of the warm replay of cs336_ctx128_fullstep
+// (-bench 'WarmReplay/ids=dense', 60 passes less 10, 13,542 calls a pass):
+// 694, 673, 650, then 641 with pools, 643 with the memo, 571 with FreeAt
+// coalescing by cases (no neighbour looked up and tested twice) and
+// allocFit putting without a call: the replay's calls rarely free and
+// reallocate one size with nothing in between, so the memo seldom serves
+// it (AllocFit's memo path took 61 of the 426,000 Mallocs of a 60-pass
+// run). What remains per pair: the lock's two atomic round trips, the
+// split and the merge back, the address table, four record lookups (a
+// bounds-checked slab index each), the statistics, and three calls below
+// Malloc and Free (AllocFit, FreeAt, CountMalloc; Go keeps no register
+// across a call, so each spills and reloads what is live).
 //
 // Pools (pool.go) cost the default pool's cache hit one flag test per
 // Malloc and per Free (Allocator.pooled). A cache hit inside a private
 // pool (Pool.Malloc, BenchmarkPoolMallocFree/live=100) counts two records,
 // the pool's and the aggregate's, in one call (stats.CountMallocBoth):
 // 1,043 instructions per pair with each record counted in full (1,036
-// measured again), 950 with
-// Active derived and the two counted together, 803 with the best-fit
-// memo (same command), 0 allocations; within 5% of the 905 before pools.
+// measured again), 950 with Active derived and the two counted together,
+// 803 with the best-fit memo (same command; 810 measured again), 578 with
+// the calls above gone, 0 allocations.
 //
 // A front cache that does not coalesce, per stream and exact size (a
 // freed block parked, handed to the next request of its size, and

@@ -337,7 +337,12 @@ func (p *Pool) Malloc(size uint64, stream backend.Stream) (uintptr, error) {
 				maxSize = a.poolHitBound(p, rounded, maxSize) // pressure.go
 			}
 			if b, addr, bsize := a.heap.AllocFit(o.sid, uint8(cl.idx), rounded, size, maxSize, minSplit); b != 0 {
-				a.countAlloc(o, cl, bsize, size)
+				if bsize < a.oversize { // countAlloc's common case (pooled), without the call
+					o.active++
+					stats.CountMallocBoth(&a.st, &o.pool.st, cl.kind, int64(bsize), int64(size))
+				} else {
+					a.countAlloc(o, cl, bsize, size)
+				}
 				a.mu.Unlock()
 				return addr, nil
 			}

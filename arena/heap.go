@@ -156,6 +156,7 @@ func NewHeap(pools int) (*Heap, error) {
 		unmapped: make([]*btree.BTreeG[BlockID], pools),
 	}
 	h.chunks = append(h.chunks, new([chunkLen]block))
+	h.live.init(addrTableMinSize)
 	for i := range h.unmapped {
 		h.unmapped[i] = btree.NewG(16, h.lessAddr)
 	}
@@ -215,18 +216,23 @@ func (h *Heap) newRec() (BlockID, *block) {
 	return id, h.rec(id)
 }
 
-// newRecUnzeroed is newRec for a caller that sets the whole record.
-func (h *Heap) newRecUnzeroed() (BlockID, *block) {
-	if id := h.freeRec; id != NoBlock {
-		h.used++
-		b := h.rec(id)
-		h.freeRec = b.next
-		return id, b
+// recycled takes a recycled record as freeRecord left it (zero but for
+// its state and next, which the caller sets), or NoBlock when none. It
+// inlines.
+func (h *Heap) recycled() (BlockID, *block) {
+	id := h.freeRec
+	if id == NoBlock {
+		return NoBlock, nil
 	}
-	return h.newRec()
+	b := h.rec(id)
+	h.freeRec = b.next
+	h.used++
+	return id, b
 }
 
-// freeRecord recycles the record of id, which is in no index.
+// freeRecord recycles the record of id, which is in no index: zeroed but
+// for its state (dead) and next (the chain), which recycled's callers
+// rely on.
 func (h *Heap) freeRecord(id BlockID, b *block) {
 	if b.stream != 0 {
 		h.streams[b.stream].blocks--
@@ -656,7 +662,7 @@ func (h *Heap) Find(addr uintptr) BlockID {
 func (h *Heap) Lookup(addr uintptr) BlockID { return h.live.get(h, addr) }
 
 // Allocated is the number of Allocated blocks.
-func (h *Heap) Allocated() int { return h.live.n }
+func (h *Heap) Allocated() int { return h.live.len() }
 
 // Coalescable reports whether block id is Free on stream sid: a neighbour
 // that a block of sid freed or mapped next to it would merge with.

@@ -121,8 +121,8 @@ func (h *Heap) Check() error {
 	if recycled+h.used+1 != int(h.nrec) {
 		return corrupt("%d records: %d in use, %d recycled", h.nrec-1, h.used, recycled)
 	}
-	if allocated != h.live.n {
-		return corrupt("address table holds %d blocks, regions %d allocated", h.live.n, allocated)
+	if allocated != h.live.len() {
+		return corrupt("address table holds %d blocks, regions %d allocated", h.live.len(), allocated)
 	}
 	for p := range h.unmapped {
 		if h.unmapped[p].Len() != nUnmapped[p] {
@@ -217,6 +217,9 @@ func (h *Heap) checkIndex(l *tlsfIndex, sid StreamID, pool uint8) error {
 	}
 	if n != int(l.n) || sum != l.bytes {
 		return corrupt("stream %d pool %d: index counts %d blocks of %d bytes, holds %d of %d", sid, pool, l.n, l.bytes, n, sum)
+	}
+	if m := l.memo; (m.id == NoBlock) != (m.b == nil) || m.id != NoBlock && (int32(m.id) >= h.nrec || m.b != h.rec(m.id)) {
+		return corrupt("stream %d pool %d: the best-fit memo's record is not block %d's", sid, pool, m.id)
 	}
 	// A memo that AllocFit would use must say what a search says.
 	if m := l.memo; m.n > 0 {

@@ -31,11 +31,36 @@ func (h *Heap) AllocFit(sid StreamID, pool uint8, n, requested, maxSize, minSpli
 	if uint(sid) >= uint(len(h.streams)) || requested-1 >= n || minSplit == 0 {
 		return NoBlock, 0, 0
 	}
-	free := h.streams[sid].free
-	if int(pool) >= len(free) {
+	st := &h.streams[uint(sid)] // uint: the test above serves as the bounds check
+	if int(pool) >= len(st.free) {
 		return NoBlock, 0, 0 // also stream slot 0, whose free is nil
 	}
-	l := &free[pool]
+	l := &st.free[pool]
+	id, b := h.memoFit(l, n)
+	// With a recycled record the heap is not full: nrec stays below
+	// maxRecords-1 (newRec's callers check room) and used below nrec-1.
+	if id == NoBlock || b.size-n < minSplit || h.freeRec == NoBlock || h.live.room == 0 || h.splitHook != nil {
+		return h.allocFit(st, l, n, requested, maxSize, minSplit)
+	}
+	if b.size > maxSize {
+		return NoBlock, 0, 0
+	}
+	// The memo's block, split in place again with a recycled record and
+	// room in the address table: no call (the general path, allocFit,
+	// makes the calls, and the spills they cost, that this one does
+	// without).
+	aid, a := h.recycled()
+	addr := b.addr
+	a.setBelow(id, b, n, requested)
+	h.splitBelow(st, b, aid, n)
+	l.bytes -= n
+	h.live.putRoom(aid, addr)
+	return aid, addr, n
+}
+
+// allocFit is AllocFit past its memo's fast path, in index l of stream
+// record st. Arguments are checked.
+func (h *Heap) allocFit(st *streamRec, l *tlsfIndex, n, requested, maxSize, minSplit uint64) (BlockID, uintptr, uint64) {
 	id, b := h.memoFit(l, n)
 	memoHit := id != NoBlock
 	if !memoHit {
@@ -55,7 +80,10 @@ func (h *Heap) AllocFit(sid StreamID, pool uint8, n, requested, maxSize, minSpli
 		h.remove(l, id, b)
 		b.state = Allocated
 		b.aux, b.up = requested, 0
-		h.live.put(h, id, b.addr)
+		if h.live.room == 0 { // put, without the call
+			h.live.grow(h)
+		}
+		h.live.putRoom(id, b.addr)
 		return id, b.addr, size
 	}
 	if int64(h.used)+1 >= maxRecords-1 {
@@ -69,13 +97,18 @@ func (h *Heap) AllocFit(sid StreamID, pool uint8, n, requested, maxSize, minSpli
 	if !memoHit {
 		if inPlace = h.fitsSlotSmaller(id, b, size-n, addr+uintptr(n)); inPlace {
 			m := &l.memo // field by field: no zeroing
-			m.ver, m.id, m.n, m.size = l.ver, id, n, size
+			m.ver, m.id, m.n, m.size, m.b = l.ver, id, n, size, b
 		}
 	}
 	if !inPlace {
 		h.remove(l, id, b)
 	}
-	aid, a := h.splitBelow(id, b, n)
+	aid, a := h.recycled()
+	if aid == NoBlock {
+		aid, a = h.newRec()
+	}
+	a.setBelow(id, b, n, requested)
+	h.splitBelow(st, b, aid, n)
 	if inPlace {
 		l.bytes -= n
 	} else {
@@ -84,40 +117,44 @@ func (h *Heap) AllocFit(sid StreamID, pool uint8, n, requested, maxSize, minSpli
 	if h.splitHook != nil {
 		h.enter(b)
 	}
-	a.state = Allocated
-	a.aux = requested
-	h.live.put(h, aid, addr)
+	if h.live.room == 0 { // put, without the call
+		h.live.grow(h)
+	}
+	h.live.putRoom(aid, addr)
 	return aid, addr, n
 }
 
-// splitBelow cuts the first k bytes (0 < k < size) off b, which keeps its
-// record, its state and its place in any index (the caller fixes the
-// index for the new key), and returns the new lower block: a record with
-// b's state and stream, in no index. room has been checked.
-func (h *Heap) splitBelow(id BlockID, b *block, k uint64) (BlockID, *block) {
-	lid, lo := h.newRecUnzeroed()
-	*lo = block{
-		addr:   b.addr,
-		size:   k,
-		prev:   b.prev,
-		next:   id,
-		region: b.region,
-		stream: b.stream,
-		state:  b.state,
-		pool:   b.pool,
-	}
+// splitBelow cuts the first n bytes (0 < n < size) off b, a Free block
+// of stream record st, which keeps its record and its place in any index
+// (the caller fixes the index for the new key), and links in their new
+// block aid below it, which setBelow has set. room has been checked. It
+// inlines.
+func (h *Heap) splitBelow(st *streamRec, b *block, aid BlockID, n uint64) {
 	if b.prev != NoBlock {
-		h.rec(b.prev).next = lid
+		h.rec(b.prev).next = aid
 	} else {
-		h.regions[b.region].head = lid
+		h.regions[b.region].head = aid
 	}
-	b.prev = lid
-	b.addr += uintptr(k)
-	b.size -= k
-	if b.stream != 0 {
-		h.streams[b.stream].blocks++
-	}
-	return lid, lo
+	b.prev = aid
+	b.addr += uintptr(n)
+	b.size -= n
+	st.blocks++
+}
+
+// setBelow makes a, a record that is zero but for its state and next
+// (from recycled or newRec), the Allocated block of the first n bytes of
+// b (id) for a request of requested bytes. Field by field: a composite
+// literal would be built on the stack and copied.
+func (a *block) setBelow(id BlockID, b *block, n, requested uint64) {
+	a.addr = b.addr
+	a.size = n
+	a.aux = requested
+	a.prev = b.prev
+	a.next = id
+	a.region = b.region
+	a.stream = b.stream
+	a.state = Allocated
+	a.pool = b.pool
 }
 
 // Freed is what FreeAt says of the block it freed. It has four fields so
@@ -140,44 +177,76 @@ type Freed struct {
 // When the block merges with a Free upper neighbour only, that neighbour
 // keeps its record and the freed block's record is recycled.
 func (h *Heap) FreeAt(addr uintptr) (f Freed, ok bool) {
-	i, id, b := h.live.find(h, addr)
-	if id == NoBlock {
+	t := &h.live
+	i, id, b := t.find(h, addr)
+	if id == NoBlock || b.up != 0 {
 		return Freed{}, false
 	}
-	if b.up != 0 {
-		return Freed{}, false
+	// t.removeAt(h, i), written out: the compiler does not inline it.
+	t.slots[i] = NoBlock
+	t.room++
+	if t.slots[(i+1)&(len(t.slots)-1)] != NoBlock {
+		t.shiftBack(h, i)
 	}
-	h.live.removeAt(h, i)
 	f = Freed{Size: b.size, Requested: b.aux, Stream: b.stream, Pool: b.pool}
 	b.state = Free
 	b.aux = 0
-	h.mergeFreed(id, b)
+	// coalesceInsert, by cases, for a block that was in no index.
+	var prev *block // b's lower neighbour, if any
+	if b.prev != NoBlock {
+		if prev = h.rec(b.prev); mergeable(prev, f.Stream) {
+			h.coalesceInsert(id, b)
+			return f, true
+		}
+	}
+	st := &h.streams[f.Stream]
+	l := &st.free[f.Pool] // b's index, and its upper neighbour's if they merge
+	m := &l.memo
+	nid := b.next
+	nx := m.b // b's upper neighbour, if any: the memo's record is at hand
+	if nid != m.id {
+		nx = nil
+		if nid != NoBlock {
+			nx = h.rec(nid)
+		}
+	}
+	if nx == nil || !mergeable(nx, f.Stream) { // no merge
+		h.insert(l, id, b)
+		if h.splitHook != nil {
+			h.enter(b)
+		}
+		return f, true
+	}
+	// Only the upper neighbour merges. The split-then-merge-back cycle:
+	// b was cut off the bottom of the memo's block, which absorbs it and,
+	// back at the memo's key, keeps its slot (mergeAbove's first case,
+	// without the call).
+	if nid == m.id && m.ver == l.ver && nx.size+f.Size == m.size && h.splitHook == nil {
+		l.bytes += f.Size
+		nx.addr = addr
+		nx.size += f.Size
+		nx.prev = b.prev
+		if prev != nil {
+			prev.next = nid
+		} else {
+			h.regions[b.region].head = nid
+		}
+		// freeRecord(id, b), with st at hand.
+		st.blocks--
+		*b = block{state: dead, next: h.freeRec}
+		h.freeRec = id
+		h.used--
+		return f, true
+	}
+	h.mergeAbove(l, id, b, prev, nid, nx)
 	return f, true
 }
 
-// mergeFreed is coalesceInsert for a block just freed: when only its
-// upper neighbour is Free on its stream, that neighbour absorbs it (the
-// split-then-merge-back cycle of AllocFit undone without treap changes
-// when the neighbour's slot still fits its new key).
-func (h *Heap) mergeFreed(id BlockID, b *block) {
-	var prev *block // b's lower neighbour, if any
-	if b.prev != NoBlock {
-		if prev = h.rec(b.prev); mergeable(prev, b.stream) {
-			h.coalesceInsert(id, b)
-			return
-		}
-	}
-	nid := b.next
-	if nid == NoBlock {
-		h.coalesceInsert(id, b)
-		return
-	}
-	nx := h.rec(nid)
-	if !mergeable(nx, b.stream) {
-		h.coalesceInsert(id, b)
-		return
-	}
-	l := h.list(nx)
+// mergeAbove merges Free block b (in no index), whose lower neighbour
+// prev (nil when none) does not merge, into its upper neighbour nx,
+// listed in l: nx keeps its treap slot when its new key still orders
+// there (the split-then-merge-back cycle of AllocFit undone).
+func (h *Heap) mergeAbove(l *tlsfIndex, id BlockID, b, prev *block, nid BlockID, nx *block) {
 	if h.splitHook != nil {
 		h.leave(nx)
 	}

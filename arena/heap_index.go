@@ -10,7 +10,7 @@ import "math/bits"
 //
 // The index is sparse. The second-level bitmap and the 16 class roots of a
 // first level (a tlsfGroup, 68 bytes) exist only while that first level
-// holds a free block, or held one lately: an index costs 112 bytes empty
+// holds a free block, or held one lately: an index costs 160 bytes empty
 // and a group per first level in use, not the 4 KB of a full table of 976
 // class roots. A heap may register a stream per request, and a hostile
 // trace a hundred thousand streams that each hold one block or none, so
@@ -46,8 +46,9 @@ type tlsfIndex struct {
 // search again: while the index's ver is memo's and the block's size is
 // back to size, the index holds what it held then, so bestFit(n) is id
 // again, and splitting n off it fits its treap slot again. Only id's own
-// in-place splits (AllocFit) and merges (mergeFreed) leave ver alone, and
-// both keep the block's end address, so its size alone tells its key.
+// in-place splits (AllocFit) and merges (FreeAt, mergeAbove) leave ver
+// alone, and both keep the block's end address, so its size alone tells
+// its key.
 // Every other change (insert, remove, replaceSlot, another block's
 // in-place merge) moves ver. Heap.Check verifies a memo that claims to be
 // valid.
@@ -56,6 +57,9 @@ type fitMemo struct {
 	id   BlockID // bestFit(l, n); NoBlock: none kept
 	n    uint64  // the request, nbytes
 	size uint64  // id's size then
+	// b is id's record (nil when id is NoBlock), whatever ver says:
+	// records never move, so the memo's users need not look it up.
+	b *block
 }
 
 // memoFit returns the kept best fit of l for n bytes if the memo is
@@ -65,8 +69,8 @@ func (h *Heap) memoFit(l *tlsfIndex, n uint64) (BlockID, *block) {
 	if m.ver != l.ver || m.n != n || m.id == NoBlock {
 		return NoBlock, nil
 	}
-	if b := h.rec(m.id); b.size == m.size {
-		return m.id, b
+	if m.b.size == m.size {
+		return m.id, m.b
 	}
 	return NoBlock, nil
 }
@@ -215,8 +219,9 @@ func (h *Heap) insert(l *tlsfIndex, id BlockID, b *block) {
 		g.slMap |= 1 << sl
 	} else {
 		cur := *root
+		var cb *block
 		for {
-			cb := h.rec(cur)
+			cb = h.rec(cur)
 			if lessRec(b, cb) {
 				if cb.left() == NoBlock {
 					cb.setLeft(id)
@@ -232,8 +237,11 @@ func (h *Heap) insert(l *tlsfIndex, id BlockID, b *block) {
 			}
 		}
 		b.up = int32(cur)
-		for b.up != 0 && b.prio < h.rec(BlockID(b.up)).prio {
+		if b.prio < cb.prio { // the parent's record is at hand: seldom a rotation
 			h.rotateUp(root, id)
+			for b.up != 0 && b.prio < h.rec(BlockID(b.up)).prio {
+				h.rotateUp(root, id)
+			}
 		}
 	}
 	l.n++
@@ -432,50 +440,43 @@ func (h *Heap) eachFree(l *tlsfIndex, fn func(BlockID) bool) {
 // record: open addressing over BlockIDs with linear probing and
 // backward-shift deletion; the key of a slot is its record's address, so a
 // slot is 4 bytes. It doubles when more than half full and never shrinks.
+// NewHeap sizes it (addrTableMinSize), so it always has an empty slot: a
+// probe ends without a count check.
 type addrTable struct {
-	slots []BlockID // NoBlock = empty
-	n     int       // occupied slots
+	slots []BlockID // NoBlock = empty; a power of two long
+	room  int       // puts left before the table doubles: len(slots)/2 − the occupied slots
 	shift uint      // 64 − log2(len(slots))
 }
 
 const addrTableMinSize = 1024
 
 func (t *addrTable) home(addr uintptr) int {
-	return int((uint64(addr) * 0x9E3779B97F4A7C15) >> t.shift)
+	return int((uint64(addr) * 0x9E3779B97F4A7C15) >> (t.shift & 63)) // & 63: no test for shifts ≥ 64
 }
 
 func (t *addrTable) init(size int) {
 	t.slots = make([]BlockID, size)
-	t.n = 0
+	t.room = size / 2
 	t.shift = 64 - uint(bits.Len(uint(size))-1)
 }
 
+// len is the number of occupied slots.
+func (t *addrTable) len() int { return len(t.slots)/2 - t.room }
+
 func (t *addrTable) get(h *Heap, addr uintptr) BlockID {
-	if t.n == 0 {
-		return NoBlock
-	}
-	mask := len(t.slots) - 1
-	for i := t.home(addr); ; i = (i + 1) & mask {
-		id := t.slots[i]
-		if id == NoBlock || h.rec(id).addr == addr {
-			return id
-		}
-	}
+	_, id, _ := t.find(h, addr)
+	return id
 }
 
-// find is get that also returns the slot and the record of the block
-// found (NoBlock, nil when none).
-func (t *addrTable) find(h *Heap, addr uintptr) (int, BlockID, *block) {
-	if t.n == 0 {
-		return 0, NoBlock, nil
-	}
-	mask := len(t.slots) - 1
-	for i := t.home(addr); ; i = (i + 1) & mask {
-		id := t.slots[i]
-		if id == NoBlock {
+// find returns the slot, the BlockID and the record of the block at addr
+// (the empty slot that ends the probe, NoBlock and nil when none). It
+// inlines into FreeAt.
+func (t *addrTable) find(h *Heap, addr uintptr) (i int, id BlockID, b *block) {
+	for i = t.home(addr); ; i = (i + 1) & (len(t.slots) - 1) {
+		if id = t.slots[i]; id == NoBlock {
 			return i, NoBlock, nil
 		}
-		if b := h.rec(id); b.addr == addr {
+		if b = h.rec(id); b.addr == addr {
 			return i, id, b
 		}
 	}
@@ -483,33 +484,36 @@ func (t *addrTable) find(h *Heap, addr uintptr) (int, BlockID, *block) {
 
 // put inserts id, whose address addr is not in the table.
 func (t *addrTable) put(h *Heap, id BlockID, addr uintptr) {
-	if t.slots == nil {
-		t.init(addrTableMinSize)
+	if t.room == 0 {
+		t.grow(h)
 	}
-	if 2*(t.n+1) > len(t.slots) {
-		old := t.slots
-		t.init(2 * len(old))
-		for _, x := range old {
-			if x != NoBlock {
-				t.put(h, x, h.rec(x).addr)
-			}
-		}
-	}
-	mask := len(t.slots) - 1
+	t.putRoom(id, addr)
+}
+
+// putRoom is put for a caller that has seen room (room > 0). It inlines.
+func (t *addrTable) putRoom(id BlockID, addr uintptr) {
 	i := t.home(addr)
 	for t.slots[i] != NoBlock {
-		i = (i + 1) & mask
+		i = (i + 1) & (len(t.slots) - 1)
 	}
 	t.slots[i] = id
-	t.n++
+	t.room--
+}
+
+// grow doubles the table.
+func (t *addrTable) grow(h *Heap) {
+	old := t.slots
+	t.init(2 * len(old))
+	for _, x := range old {
+		if x != NoBlock {
+			t.put(h, x, h.rec(x).addr)
+		}
+	}
 }
 
 // remove takes id, whose address is addr, out; it reports whether id was
 // there.
 func (t *addrTable) remove(h *Heap, id BlockID, addr uintptr) bool {
-	if t.n == 0 {
-		return false
-	}
 	mask := len(t.slots) - 1
 	i := t.home(addr)
 	for t.slots[i] != id {
@@ -522,17 +526,28 @@ func (t *addrTable) remove(h *Heap, id BlockID, addr uintptr) bool {
 	return true
 }
 
-// removeAt empties occupied slot i, shifting back the entries after it
-// that probed past it.
+// removeAt empties occupied slot i. Where the next slot is empty (the
+// common case in a table at most half full) nothing else moves, and
+// removeAt inlines into the caller; else shiftBack moves back the entries
+// after i that probed past it.
 func (t *addrTable) removeAt(h *Heap, i int) {
+	t.slots[i] = NoBlock
+	t.room++
+	if t.slots[(i+1)&(len(t.slots)-1)] != NoBlock {
+		t.shiftBack(h, i)
+	}
+}
+
+// shiftBack fills hole i, just emptied, with the entries after it that
+// probed past it, and so on to the next empty slot.
+func (t *addrTable) shiftBack(h *Heap, i int) {
 	mask := len(t.slots) - 1
 	for j := (i + 1) & mask; t.slots[j] != NoBlock; j = (j + 1) & mask {
 		home := t.home(h.rec(t.slots[j]).addr)
 		if (j > i && (home <= i || home > j)) || (j < i && home <= i && home > j) {
 			t.slots[i] = t.slots[j]
+			t.slots[j] = NoBlock
 			i = j
 		}
 	}
-	t.slots[i] = NoBlock
-	t.n--
 }

@@ -89,7 +89,14 @@ func upTied(all, s *Stat, n int64, tall, ts *int64) {
 // with the aggregate's Allocated left to Settled.
 func (c *HotCounters) CountMalloc(p PoolKind, n, req int64) {
 	if c.pend[AllPools].n != 0 {
-		c.countMallocPending(p, n, req)
+		// Some block is pending free, so Active exceeds Allocation: its
+		// peaks are compared on their own. Written out here, with no
+		// call, so that CountMalloc needs no stack check.
+		up(&c.Allocation[AllPools], &c.Allocation[p], 1)
+		up(&c.AllocatedBytes[AllPools], &c.AllocatedBytes[p], n)
+		up(&c.RequestedBytes[AllPools], &c.RequestedBytes[p], req)
+		c.activePeaks(AllPools)
+		c.activePeaks(p)
 		return
 	}
 	upTied(&c.Allocation[AllPools], &c.Allocation[p], 1, &c.Active[AllPools].Peak, &c.Active[p].Peak)
@@ -101,8 +108,8 @@ func (c *HotCounters) CountMalloc(p PoolKind, n, req int64) {
 // hit of a private pool, which counts its own record and the aggregate's.
 func CountMallocBoth(agg, own *HotCounters, p PoolKind, n, req int64) {
 	if agg.pend[AllPools].n != 0 || own.pend[AllPools].n != 0 {
-		agg.countMallocPending(p, n, req)
-		own.countMallocPending(p, n, req)
+		agg.CountMalloc(p, n, req)
+		own.CountMalloc(p, n, req)
 		return
 	}
 	upTied(&agg.Allocation[AllPools], &agg.Allocation[p], 1, &agg.Active[AllPools].Peak, &agg.Active[p].Peak)
@@ -113,15 +120,12 @@ func CountMallocBoth(agg, own *HotCounters, p PoolKind, n, req int64) {
 	up(&own.RequestedBytes[AllPools], &own.RequestedBytes[p], req)
 }
 
-// countMallocPending is CountMalloc while some block is pending free.
-func (c *HotCounters) countMallocPending(p PoolKind, n, req int64) {
-	up(&c.Allocation[AllPools], &c.Allocation[p], 1)
-	up(&c.AllocatedBytes[AllPools], &c.AllocatedBytes[p], n)
-	up(&c.RequestedBytes[AllPools], &c.RequestedBytes[p], req)
-	for _, k := range [2]PoolKind{AllPools, p} {
-		c.Active[k].Peak = max(c.Active[k].Peak, c.Allocation[k].Current+c.pend[k].n)
-		c.ActiveBytes[k].Peak = max(c.ActiveBytes[k].Peak, c.AllocatedBytes[k].Current+c.pend[k].bytes)
-	}
+// activePeaks raises the peaks of Active and ActiveBytes of entry k to
+// their Current (Allocation's and AllocatedBytes' plus the blocks pending
+// free), where they are passed.
+func (c *HotCounters) activePeaks(k PoolKind) {
+	c.Active[k].Peak = max(c.Active[k].Peak, c.Allocation[k].Current+c.pend[k].n)
+	c.ActiveBytes[k].Peak = max(c.ActiveBytes[k].Peak, c.AllocatedBytes[k].Current+c.pend[k].bytes)
 }
 
 // CountFree undoes CountMalloc for a block freed without waiting for
