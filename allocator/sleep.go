@@ -240,8 +240,9 @@ func (p *Pool) notAwake() error {
 // Offload, reports the pool's ranges to the segment hooks as unmapped,
 // unmaps every handle of the pool and frees it. The device's free memory
 // rises by the pool's reserved bytes, which other pools can map at once.
-// Until Wake: the pool's Malloc and RecordStream on its memory return
-// ErrPoolAsleep; Free of its pointers works (and drops the backup); the
+// Until Wake: the pool's Malloc (before it looks at its arguments, so with
+// no driver call) and RecordStream on its memory return ErrPoolAsleep;
+// Free of its pointers works (and drops the backup); the
 // pointers must not be used by device work.
 //
 // Wake maps back every handle Sleep unmapped, free cache included, so a

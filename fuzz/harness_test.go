@@ -540,6 +540,11 @@ func (h *harness) badOp(x byte) {
 		h.logf("Malloc(4096, foreign stream %d)", h.foreign)
 		_, err = h.a.Malloc(4096, h.foreign)
 		want = []error{allocator.ErrInvalidStream}
+		if h.asleep[0] {
+			// An asleep pool refuses every Malloc before it looks at the
+			// arguments (no driver call asks about the stream).
+			want = []error{allocator.ErrPoolAsleep}
+		}
 	case 5, 6: // handled by retireOp
 		return
 	default:
