@@ -240,6 +240,11 @@ func (p *Pool) notAwake() error {
 // Offload, reports the pool's ranges to the segment hooks as unmapped,
 // unmaps every handle of the pool and frees it. The device's free memory
 // rises by the pool's reserved bytes, which other pools can map at once.
+// A stream with work on the pool's memory that was destroyed without
+// ReleaseStream cannot be waited for by itself: Sleep then waits for the
+// whole device (backend.DeviceSynchronizer), and without that refuses
+// with ErrInvalidStream, the pool awake.
+//
 // Until Wake: the pool's Malloc (before it looks at its arguments, so with
 // no driver call) and RecordStream on its memory return ErrPoolAsleep;
 // Free of its pointers works (and drops the backup); the
@@ -331,11 +336,30 @@ func (a *Allocator) sleep(p *Pool, sl *poolSleep, c backend.Copier, s backend.St
 	if a.exportedIn(p) {
 		return fmt.Errorf("%w: pool %q", ErrPoolExported, p.name)
 	}
+	devSynced := false
 	for _, st := range a.poolStreams(p) {
+		if devSynced {
+			break
+		}
 		a.counters.StreamSyncs++
-		if err := a.waitUnlocked(func() error { return a.drv.StreamSynchronize(st) }); err != nil {
+		err := a.waitUnlocked(func() error { return a.drv.StreamSynchronize(st) })
+		if err == nil {
+			continue
+		}
+		if !a.streamGone(st) {
 			return fmt.Errorf("vmmalloc: sleep of pool %q: synchronize stream %d: %w", p.name, st, err)
 		}
+		// Destroyed behind the allocator's back: its queued work still
+		// runs, and only a device-wide wait can see it end.
+		ds, ok := a.drv.(backend.DeviceSynchronizer)
+		if !ok {
+			return fmt.Errorf("vmmalloc: sleep of pool %q: %w: stream %d was destroyed with work the sleep cannot wait for: %w", p.name, ErrInvalidStream, st, errNoDeviceSync)
+		}
+		a.counters.StreamSyncs++
+		if err := a.waitUnlocked(func() error { return ds.DeviceSynchronize(a.dev) }); err != nil {
+			return fmt.Errorf("vmmalloc: sleep of pool %q: synchronize device %d (stream %d destroyed): %w", p.name, a.dev, st, err)
+		}
+		devSynced = true // every stream's work is done
 	}
 	if a.pending > 0 {
 		a.processEvents()

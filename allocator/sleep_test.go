@@ -434,6 +434,48 @@ func TestSleepWakeRollbackDoubleFault(t *testing.T) {
 	}
 }
 
+// TestSleepStreamDestroyed: a stream with work on the pool's memory,
+// destroyed without ReleaseStream, cannot be synchronized; Sleep waits for
+// the whole device instead (its work still runs), so nothing is unmapped
+// under it. Without a driver that can wait for a device, Sleep refuses
+// with ErrInvalidStream and the pool stays awake.
+func TestSleepStreamDestroyed(t *testing.T) {
+	for _, devSync := range []bool{true, false} {
+		t.Run(fmt.Sprintf("devsync=%v", devSync), func(t *testing.T) {
+			var (
+				a *Allocator
+				e *emulated.Emulator
+			)
+			if devSync {
+				a, e = newAlloc(t, "", emulated.WithManualCompletion())
+			} else {
+				a, e = newAllocNoDevSync(t, emulated.WithManualCompletion())
+			}
+			p, err := a.NewPool(PoolOptions{Name: "kv"})
+			require.NoError(t, err)
+			s, err := e.StreamCreate(0)
+			require.NoError(t, err)
+			ptr, err := p.Malloc(3*mib, s)
+			require.NoError(t, err)
+			require.NoError(t, e.Launch(s, ptr, 1))
+			require.NoError(t, e.StreamDestroy(s)) // its work is still queued
+			err = p.Sleep(SleepOptions{Mode: Discard})
+			if !devSync {
+				require.ErrorIs(t, err, ErrInvalidStream)
+				assert.Equal(t, Awake, p.SleepState())
+				require.NoError(t, a.Check())
+				return
+			}
+			require.NoError(t, err)
+			assert.Equal(t, Asleep, p.SleepState())
+			assert.Empty(t, e.Violations(), "nothing unmapped under the destroyed stream's work")
+			require.NoError(t, p.Wake())
+			require.NoError(t, a.Free(ptr))
+			mustCheck(t, a, e)
+		})
+	}
+}
+
 // TestSleepWakeHooks: the hooks see the pool's ranges unmapped at sleep
 // and mapped (and accessible) at wake; a hook refusing the wake keeps the
 // pool asleep with nothing mapped.
