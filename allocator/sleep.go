@@ -245,9 +245,9 @@ func (p *Pool) notAwake() error {
 // whole device (backend.DeviceSynchronizer), and without that refuses
 // with ErrInvalidStream, the pool awake.
 //
-// Until Wake: the pool's Malloc (before it looks at its arguments, so with
-// no driver call) and RecordStream on its memory return ErrPoolAsleep;
-// Free of its pointers works (and drops the backup); the
+// Until Wake: the pool's Malloc and RecordStream on its memory return
+// ErrPoolAsleep before they look at their other arguments (so with no
+// driver call); Free of its pointers works (and drops the backup); the
 // pointers must not be used by device work.
 //
 // Wake maps back every handle Sleep unmapped, free cache included, so a

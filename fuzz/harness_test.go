@@ -553,6 +553,11 @@ func (h *harness) badOp(x byte) {
 		}
 		h.logf("RecordStream(%#x, foreign stream %d)", h.live[0].ptr, h.foreign)
 		err, want = h.a.RecordStream(h.live[0].ptr, h.foreign), []error{allocator.ErrInvalidStream}
+		if h.asleep[h.live[0].pool] {
+			// As asleepRecord: refused for the pool's state first, with
+			// no driver call asking about the stream.
+			want = []error{allocator.ErrPoolAsleep}
+		}
 	}
 	if err == nil {
 		h.fatalf("bad input accepted")
