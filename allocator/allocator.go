@@ -58,8 +58,9 @@ type Allocator struct {
 	lastS    *streamState                       // most recently used stream; mu
 	// hitOff has a bit (hitClosed, ...) for each precondition of the
 	// cache hit that fails now, so that Malloc's and Free's fast paths
-	// test one byte, not five fields; setHitOff recomputes it wherever one
-	// changes, and Check verifies it. mu.
+	// test one byte, not the fields it summarises; setHitOff and
+	// setSleepOff recompute it wherever one changes, and Check verifies
+	// it. mu.
 	hitOff hitBits
 	spare  []*streamState // empty states of released streams for reuse, at most maxSpareStates; mu
 	// keepEmpty keeps empty expandable reservations while a released
@@ -504,26 +505,32 @@ func (a *Allocator) classFor(n uint64) *sizeClass {
 type hitBits uint8
 
 const (
-	hitClosed  hitBits = 1 << iota // Close was called
-	hitAsleep                      // the default pool is asleep
-	hitPending                     // some block is pending free (events to process)
-	hitHistory                     // memory history is on
-	hitUses                        // some block has other streams recorded on it (RecordStream)
+	hitClosed    hitBits = 1 << iota // Close was called
+	hitPending                       // some block is pending free (events to process)
+	hitHistory                       // memory history is on
+	hitUses                          // some block has other streams recorded on it (RecordStream)
+	hitAsleep                        // the default pool is asleep
+	hitAnyAsleep                     // some pool is asleep (the default one or a private one)
 
 	// mallocHitOff are the reasons that keep the default pool's Malloc
-	// off its cache hit, freeHitOff those that keep Free off its own.
-	mallocHitOff = hitClosed | hitAsleep | hitPending | hitHistory
-	freeHitOff   = hitClosed | hitHistory | hitUses
+	// off its cache hit, freeHitOff those that keep Free off its own (a
+	// free in a pool asleep drops the block's backup: freeSlow).
+	mallocHitOff = hitClosed | hitPending | hitHistory | hitAsleep
+	freeHitOff   = hitClosed | hitHistory | hitUses | hitAnyAsleep
+	// sleepHitOff are the reasons that only Sleep and Wake change.
+	sleepHitOff = hitAsleep | hitAnyAsleep
 )
 
 // hitOffNow computes hitOff from the fields it summarises. mu held.
 func (a *Allocator) hitOffNow() hitBits {
+	return a.hitOffFields() | a.hitOffSleep()
+}
+
+// hitOffFields is hitOffNow's part that setHitOff recomputes. mu held.
+func (a *Allocator) hitOffFields() hitBits {
 	var off hitBits
 	if a.closed {
 		off |= hitClosed
-	}
-	if a.def.asleep {
-		off |= hitAsleep
 	}
 	if a.pending != 0 {
 		off |= hitPending
@@ -537,9 +544,28 @@ func (a *Allocator) hitOffNow() hitBits {
 	return off
 }
 
-// setHitOff brings hitOff up to date after a change of closed,
-// def.asleep, pending, hist or uses. mu held.
-func (a *Allocator) setHitOff() { a.hitOff = a.hitOffNow() }
+// hitOffSleep is hitOffNow's part that setSleepOff recomputes: it looks
+// at every pool. mu held.
+func (a *Allocator) hitOffSleep() hitBits {
+	var off hitBits
+	if a.def.asleep {
+		off |= hitAsleep
+	}
+	for _, p := range a.pools {
+		if p != nil && p.asleep {
+			off |= hitAnyAsleep
+		}
+	}
+	return off
+}
+
+// setHitOff brings hitOff up to date after a change of closed, pending,
+// hist or uses. mu held.
+func (a *Allocator) setHitOff() { a.hitOff = a.hitOff&sleepHitOff | a.hitOffFields() }
+
+// setSleepOff brings hitOff up to date after a pool fell asleep, woke or
+// closed. mu held.
+func (a *Allocator) setSleepOff() { a.hitOff = a.hitOff&^sleepHitOff | a.hitOffSleep() }
 
 // Malloc allocates size bytes on stream (0 = the default stream) and
 // returns the device address. The memory may be used by work queued on
@@ -737,7 +763,8 @@ func (a *Allocator) countAlloc(ss *streamState, cl *sizeClass, bsize, size uint6
 func (a *Allocator) Free(ptr uintptr) error {
 	a.mu.Lock()
 	// The common case: no stream recorded on any block, no history, no
-	// event on this one. One lock round trip without defer.
+	// pool asleep, no event on this one. One lock round trip without
+	// defer.
 	if a.hitOff&freeHitOff == 0 {
 		if pk, ok := a.heap.FreeAt(ptr); ok {
 			// No guess from lastS: a private pool's owner is never
@@ -754,9 +781,6 @@ func (a *Allocator) Free(ptr uintptr) error {
 				}
 			} else {
 				a.countFree(ss, pk)
-			}
-			if ss.pool.asleep {
-				a.dropBackup(ss.pool, ptr)
 			}
 			if ss.idleOwner {
 				return a.releaseIdleUnlock()

@@ -607,6 +607,7 @@ func (p *Pool) Close() error {
 	}
 	p.closed = true
 	a.pools[p.slot] = nil
+	a.setSleepOff()
 	a.poolsClosed++
 	return nil
 }
