@@ -56,7 +56,13 @@ type Allocator struct {
 	busy     []*streamState                     // streams with queued events, any order; mu
 	stranded []arena.BlockID                    // PendingFree blocks waiting on a vanished stream's work; mu
 	lastS    *streamState                       // most recently used stream; mu
-	spare    []*streamState                     // empty states of released streams for reuse, at most maxSpareStates; mu
+	// hitOff has a bit (hitClosed, ...) for each precondition of the
+	// cache hit that fails now, so that Malloc's and Free's fast paths
+	// test one byte, not the fields it summarises; setHitOff and
+	// setSleepOff recompute it wherever one changes, and Check verifies
+	// it. mu.
+	hitOff hitBits
+	spare  []*streamState // empty states of released streams for reuse, at most maxSpareStates; mu
 	// keepEmpty keeps empty expandable reservations while a released
 	// stream's memory is returned, for the next stream to map into; mu.
 	keepEmpty bool
@@ -495,6 +501,72 @@ func (a *Allocator) classFor(n uint64) *sizeClass {
 	return &a.classes[largeIdx]
 }
 
+// hitBits is a set of reasons why the cache hit may not be taken now.
+type hitBits uint8
+
+const (
+	hitClosed    hitBits = 1 << iota // Close was called
+	hitPending                       // some block is pending free (events to process)
+	hitHistory                       // memory history is on
+	hitUses                          // some block has other streams recorded on it (RecordStream)
+	hitAsleep                        // the default pool is asleep
+	hitAnyAsleep                     // some pool is asleep (the default one or a private one)
+
+	// mallocHitOff are the reasons that keep the default pool's Malloc
+	// off its cache hit, freeHitOff those that keep Free off its own (a
+	// free in a pool asleep drops the block's backup: freeSlow).
+	mallocHitOff = hitClosed | hitPending | hitHistory | hitAsleep
+	freeHitOff   = hitClosed | hitHistory | hitUses | hitAnyAsleep
+	// sleepHitOff are the reasons that only Sleep and Wake change.
+	sleepHitOff = hitAsleep | hitAnyAsleep
+)
+
+// hitOffNow computes hitOff from the fields it summarises. mu held.
+func (a *Allocator) hitOffNow() hitBits {
+	return a.hitOffFields() | a.hitOffSleep()
+}
+
+// hitOffFields is hitOffNow's part that setHitOff recomputes. mu held.
+func (a *Allocator) hitOffFields() hitBits {
+	var off hitBits
+	if a.closed {
+		off |= hitClosed
+	}
+	if a.pending != 0 {
+		off |= hitPending
+	}
+	if a.hist != nil {
+		off |= hitHistory
+	}
+	if len(a.uses) != 0 {
+		off |= hitUses
+	}
+	return off
+}
+
+// hitOffSleep is hitOffNow's part that setSleepOff recomputes: it looks
+// at every pool. mu held.
+func (a *Allocator) hitOffSleep() hitBits {
+	var off hitBits
+	if a.def.asleep {
+		off |= hitAsleep
+	}
+	for _, p := range a.pools {
+		if p != nil && p.asleep {
+			off |= hitAnyAsleep
+		}
+	}
+	return off
+}
+
+// setHitOff brings hitOff up to date after a change of closed, pending,
+// hist or uses. mu held.
+func (a *Allocator) setHitOff() { a.hitOff = a.hitOff&sleepHitOff | a.hitOffFields() }
+
+// setSleepOff brings hitOff up to date after a pool fell asleep, woke or
+// closed. mu held.
+func (a *Allocator) setSleepOff() { a.hitOff = a.hitOff&^sleepHitOff | a.hitOffSleep() }
+
 // Malloc allocates size bytes on stream (0 = the default stream) and
 // returns the device address. The memory may be used by work queued on
 // stream; use RecordStream before using it on another stream.
@@ -503,7 +575,7 @@ func (a *Allocator) Malloc(size uint64, stream backend.Stream) (uintptr, error) 
 	// The cache hit: the stream used last, no event to process, no
 	// history, a free block that fits. One lock round trip without defer:
 	// nothing between Lock and Unlock can panic.
-	if ss := a.lastS; ss != nil && !a.closed && !a.def.asleep && a.pending == 0 && a.hist == nil && size-1 < a.total &&
+	if ss := a.lastS; ss != nil && a.hitOff&mallocHitOff == 0 && size-1 < a.total &&
 		(ss.stream == stream || stream == 0 && ss.stream == a.defaultS) {
 		// Wraps to 0 only within 511 bytes of 2^64, which AllocFit refuses.
 		rounded := (size + minBlockSize - 1) &^ (minBlockSize - 1)
@@ -691,8 +763,9 @@ func (a *Allocator) countAlloc(ss *streamState, cl *sizeClass, bsize, size uint6
 func (a *Allocator) Free(ptr uintptr) error {
 	a.mu.Lock()
 	// The common case: no stream recorded on any block, no history, no
-	// event on this one. One lock round trip without defer.
-	if len(a.uses) == 0 && a.hist == nil && !a.closed {
+	// pool asleep, no event on this one. One lock round trip without
+	// defer.
+	if a.hitOff&freeHitOff == 0 {
 		if pk, ok := a.heap.FreeAt(ptr); ok {
 			// No guess from lastS: a private pool's owner is never
 			// lastS, and the index costs what the guess does.
@@ -708,9 +781,6 @@ func (a *Allocator) Free(ptr uintptr) error {
 				}
 			} else {
 				a.countFree(ss, pk)
-			}
-			if ss.pool.asleep {
-				a.dropBackup(ss.pool, ptr)
 			}
 			if ss.idleOwner {
 				return a.releaseIdleUnlock()
@@ -765,6 +835,7 @@ func (a *Allocator) freeSlow(ptr uintptr) error {
 				return err // nothing changed
 			}
 			delete(a.uses, b)
+			a.setHitOff()
 		}
 	}
 	if a.hist != nil {
@@ -790,6 +861,7 @@ func (a *Allocator) freeSlow(ptr uintptr) error {
 			st.CountPending(cl.kind, int64(pk.Size))
 		}
 		a.pending++
+		a.setHitOff()
 		return nil
 	}
 	return a.freeBlockPeek(b, pk, false)
@@ -919,6 +991,7 @@ func (a *Allocator) RecordStream(ptr uintptr, s backend.Stream) error {
 		}
 	}
 	a.uses[b] = append(uses, ss.stream)
+	a.setHitOff()
 	return nil
 }
 
@@ -1035,6 +1108,7 @@ func (a *Allocator) Close() error {
 		return ErrClosed
 	}
 	a.closed = true
+	a.setHitOff()
 	var errs []error
 	// Every later call returns ErrClosed before it touches state, and no
 	// wait was in flight when closed was set, so nothing changes the
@@ -1079,6 +1153,7 @@ func (a *Allocator) Close() error {
 	a.busy = nil
 	a.stranded = nil
 	a.pending = 0
+	a.setHitOff()
 	for len(a.segs) > 0 {
 		sg := a.segs[len(a.segs)-1]
 		mapped := sg.s.MappedBytes()
@@ -1112,6 +1187,7 @@ func (a *Allocator) Close() error {
 		}
 	}
 	clear(a.uses)
+	a.setHitOff()
 	return errors.Join(errs...)
 }
 

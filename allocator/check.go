@@ -26,7 +26,8 @@ var ErrCorrupt = errors.New("vmmalloc: invariant violated")
 //   - pending events match the pending-free blocks, the busy list exactly
 //     the streams with queued events, and each stream's active count its
 //     allocated and pending-free blocks;
-//   - the statistics equal a recount;
+//   - the statistics equal a recount, and the cache hit's guard (hitOff)
+//     the fields it summarises;
 //   - every handle registered as exported (ShareSpans) and mapped is
 //     mapped by a segment at its size, and none held only by its
 //     exporter is;
@@ -40,6 +41,9 @@ func (a *Allocator) Check() error {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	a.quiesceWaits()
+	if off := a.hitOffNow(); a.hitOff != off {
+		return corrupt("cache-hit guard %05b, its fields say %05b", a.hitOff, off)
+	}
 	if a.closed {
 		return ErrClosed
 	}

@@ -206,8 +206,8 @@
 // entries, optionally with the Go call stack of each Malloc and Free
 // caller (history.go). MemorySnapshot pairs it with the segments for
 // PyTorch's memory viewer (package stats/memviz), and MemProfile feeds the
-// pprof profile of package allocator/devprof. When off, the cache-hit path
-// pays one nil check in Malloc and one in Free.
+// pprof profile of package allocator/devprof. When off, it costs the
+// cache-hit path nothing: its bit in the fast paths' guard byte is clear.
 //
 // # The cache hit
 //
@@ -215,9 +215,10 @@
 // unlocked explicitly on return (nothing between Lock and Unlock can
 // panic): Malloc on the stream it used last with no pending event and no
 // history takes arena.Heap.AllocFit (best fit, the max_split_size rules
-// as bounds from fitLimits, split); Free with no RecordStream'd block and
-// no history takes arena.Heap.FreeAt (lookup, free, merge) unless the
-// block has events. AllocFit keeps, per free index, the last block it
+// as bounds from fitLimits, split); Free with no RecordStream'd block, no
+// history and no pool asleep takes arena.Heap.FreeAt (lookup, free, merge)
+// unless the block has events. Those conditions, and Close, are bits of
+// one byte (hitOff), so that each path tests one field. AllocFit keeps, per free index, the last block it
 // split in place (arena's fitMemo): while nothing but that block's own
 // split and merge back has changed the index, the next request of the
 // same size takes it again without a search, so the cycle of a cache hit
@@ -248,11 +249,16 @@
 // split and merge back (the record, the split, the address table's put and
 // removal written out or inlined), the memo keeping its block's record,
 // and the statistics' common case counted without the countAlloc and
-// countFree calls. Per call of the warm replay of cs336_ctx128_fullstep
+// countFree calls, 468 with the fast paths' guards in one byte (hitOff:
+// closed, the default pool asleep, blocks pending free, history, recorded
+// uses, any pool asleep; kept by setHitOff and setSleepOff, verified by
+// Check), so that Malloc and Free each test one field and Free loads no
+// pool. Per call of the warm replay of cs336_ctx128_fullstep
 // (-bench 'WarmReplay/ids=dense', 60 passes less 10, 13,542 calls a pass):
 // 694, 673, 650, then 641 with pools, 643 with the memo, 571 with FreeAt
 // coalescing by cases (no neighbour looked up and tested twice) and
-// allocFit putting without a call: the replay's calls rarely free and
+// allocFit putting without a call (573 measured again later), 566 with
+// the guards in one byte: the replay's calls rarely free and
 // reallocate one size with nothing in between, so the memo seldom serves
 // it (AllocFit's memo path took 61 of the 426,000 Mallocs of a 60-pass
 // run). What remains per pair: the lock's two atomic round trips, the
@@ -268,7 +274,7 @@
 // 1,043 instructions per pair with each record counted in full (1,036
 // measured again), 950 with Active derived and the two counted together,
 // 803 with the best-fit memo (same command; 810 measured again), 578 with
-// the calls above gone, 0 allocations.
+// the calls above gone, 562 with the guards in one byte, 0 allocations.
 //
 // A front cache that does not coalesce, per stream and exact size (a
 // freed block parked, handed to the next request of its size, and

@@ -6,6 +6,7 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	"github.com/vmmalloc/vmmalloc/backend/emulated"
 )
 
 // TestFitLimitsMatchBestFitRules checks that the bounds the cache-hit path
@@ -136,4 +137,64 @@ func TestPlainRoundIsRoundSize(t *testing.T) {
 			assert.Equal(t, a.roundSize(n), (n+minBlockSize-1)&^(minBlockSize-1), "%s %d", c.conf, n)
 		}
 	}
+}
+
+// TestHitOffFollowsItsFields checks that the cache hit's guard byte says
+// what the fields it summarises say after each operation that changes
+// one of them, and that Check reports a guard that does not.
+func TestHitOffFollowsItsFields(t *testing.T) {
+	a, e := newAlloc(t, "", emulated.WithManualCompletion())
+	bits := func() hitBits {
+		a.mu.Lock()
+		defer a.mu.Unlock()
+		return a.hitOff
+	}
+	require.Zero(t, bits())
+
+	s0 := a.DefaultStream()
+	s1, err := e.StreamCreate(0)
+	require.NoError(t, err)
+	p, err := a.Malloc(8192, s0)
+	require.NoError(t, err)
+	require.NoError(t, e.Launch(s1, p, 8192))
+	require.NoError(t, a.RecordStream(p, s1))
+	assert.Equal(t, hitUses, bits(), "a recorded use")
+	require.NoError(t, a.Free(p))
+	assert.Equal(t, hitPending, bits(), "the use became an event: pending free")
+	mustCheck(t, a, e)
+	require.NoError(t, e.Complete(s1))
+	q, err := a.Malloc(8192, s0) // processes the completed event
+	require.NoError(t, err)
+	assert.Zero(t, bits(), "event processed")
+	require.NoError(t, a.Free(q))
+
+	require.NoError(t, a.RecordHistory(HistoryOptions{MaxEntries: 16}))
+	assert.Equal(t, hitHistory, bits(), "history on")
+	require.NoError(t, a.RecordHistory(HistoryOptions{}))
+	assert.Zero(t, bits(), "history off")
+
+	pool, err := a.NewPool(PoolOptions{Name: "sleeper"})
+	require.NoError(t, err)
+	require.NoError(t, pool.Sleep(SleepOptions{Mode: Discard}))
+	assert.Equal(t, hitAnyAsleep, bits(), "a private pool asleep")
+	mustCheck(t, a, e)
+	require.NoError(t, a.DefaultPool().Sleep(SleepOptions{Mode: Discard}))
+	assert.Equal(t, hitAsleep|hitAnyAsleep, bits(), "both asleep")
+	require.NoError(t, pool.Wake())
+	assert.Equal(t, hitAsleep|hitAnyAsleep, bits(), "the default pool still asleep")
+	require.NoError(t, a.DefaultPool().Wake())
+	assert.Zero(t, bits(), "both awake")
+	mustCheck(t, a, e)
+
+	a.mu.Lock()
+	a.hitOff = hitHistory // stale: history is off
+	a.mu.Unlock()
+	require.ErrorIs(t, a.Check(), ErrCorrupt, "a stale guard")
+	a.mu.Lock()
+	a.setHitOff()
+	a.mu.Unlock()
+	mustCheck(t, a, e)
+
+	require.NoError(t, a.Close())
+	assert.Equal(t, hitClosed, bits(), "closed")
 }

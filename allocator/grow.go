@@ -687,6 +687,7 @@ func (a *Allocator) dropSeg(sg *seg, mapped uint64) {
 			continue
 		}
 		delete(a.uses, id)
+		a.setHitOff()
 		o.active--
 		n := int64(b.Size)
 		for _, st := range a.statsOf(o.pool) {

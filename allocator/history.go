@@ -93,6 +93,7 @@ func (a *Allocator) RecordHistory(o HistoryOptions) error {
 	}
 	if o.MaxEntries == 0 {
 		a.hist = nil
+		a.setHitOff()
 		return nil
 	}
 	h := &history{
@@ -115,6 +116,7 @@ func (a *Allocator) RecordHistory(o HistoryOptions) error {
 		}
 	}
 	a.hist = h
+	a.setHitOff()
 	return nil
 }
 

@@ -321,7 +321,7 @@ func (p *Pool) Malloc(size uint64, stream backend.Stream) (uintptr, error) {
 	a.mu.Lock()
 	// The cache hit, as Allocator.Malloc's, on the pool's owner of the
 	// stream used last (a closed pool has none).
-	if ss := a.lastS; ss != nil && !a.closed && !p.asleep && a.pending == 0 && a.hist == nil && size-1 < a.total &&
+	if ss := a.lastS; ss != nil && a.hitOff&(hitClosed|hitPending|hitHistory) == 0 && !p.asleep && size-1 < a.total &&
 		(ss.stream == stream || stream == 0 && ss.stream == a.defaultS) && p.slot < len(ss.owners) {
 		if o := ss.owners[p.slot]; o != nil {
 			rounded := (size + minBlockSize - 1) &^ (minBlockSize - 1)
@@ -607,6 +607,7 @@ func (p *Pool) Close() error {
 	}
 	p.closed = true
 	a.pools[p.slot] = nil
+	a.setSleepOff()
 	a.poolsClosed++
 	return nil
 }

@@ -136,6 +136,7 @@ func (a *Allocator) eventDone(ss *streamState) {
 	a.events = append(a.events, pe.ev)
 	if n, err := a.heap.AddEvents(pe.b, -1); err == nil && n == 0 {
 		a.pending--
+		a.setHitOff()
 		if a.hist != nil {
 			a.histFreeCompleted(pe.b)
 		}

@@ -314,10 +314,12 @@ func (p *Pool) Sleep(o SleepOptions) error {
 	sl := p.sleep
 	sl.state, sl.opts = Sleeping, o
 	p.asleep = true
+	a.setSleepOff()
 	err := a.sleep(p, sl, c, s)
 	if sl.state == Sleeping { // rolled back
 		sl.state = Awake
 		p.asleep = false
+		a.setSleepOff()
 	}
 	return err
 }
@@ -634,6 +636,7 @@ func (a *Allocator) wake(p *Pool, sl *poolSleep) error {
 	}
 	sl.state = Awake
 	p.asleep = false
+	a.setSleepOff()
 	a.countSlept(p, sl, +1)
 	a.histSleep(p, sl, false)
 	sl.runs = nil
@@ -1087,6 +1090,7 @@ func (a *Allocator) dropSleep(p *Pool) error {
 	}
 	p.sleep = nil
 	p.asleep = false
+	a.setSleepOff()
 	return nil
 }
 

@@ -285,6 +285,7 @@ func (a *Allocator) quiesce() error {
 		// the phantom event: the device is idle
 		if n, err := a.heap.AddEvents(b, -1); err == nil && n == 0 {
 			a.pending--
+			a.setHitOff()
 			_ = a.freeBlock(b)
 		}
 	}
