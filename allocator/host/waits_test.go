@@ -12,28 +12,44 @@ import (
 	"github.com/vmmalloc/vmmalloc/backend/emulated"
 )
 
-// gatedWaits is the emulator whose EventSynchronize and DeviceSynchronize
-// announce themselves on entered and then wait for release: a driver wait
-// the test holds open.
-type gatedWaits struct {
+// gated is the emulator whose calls named in held (gateWaits: its
+// EventSynchronize and DeviceSynchronize; gatePin: its MallocHost)
+// announce themselves on entered and then wait for release: a driver
+// call the test holds open. Once release is closed, they pass
+// unannounced.
+type gated struct {
 	*emulated.Emulator
+	held    *atomic.Uint32 // gateWaits, gatePin
 	entered chan string
 	release chan struct{}
 }
 
-func (g gatedWaits) EventSynchronize(ev backend.Event) error {
-	g.hold("event")
+const (
+	gateWaits uint32 = 1 << iota
+	gatePin
+)
+
+func (g gated) EventSynchronize(ev backend.Event) error {
+	g.hold(gateWaits, "event")
 	return g.Emulator.EventSynchronize(ev)
 }
 
-func (g gatedWaits) DeviceSynchronize(dev int) error {
-	g.hold("device")
+func (g gated) DeviceSynchronize(dev int) error {
+	g.hold(gateWaits, "device")
 	return g.Emulator.DeviceSynchronize(dev)
 }
 
-// hold announces a wait and blocks until release is closed; once it is,
-// waits pass unannounced.
-func (g gatedWaits) hold(kind string) {
+func (g gated) MallocHost(n uint64) (uintptr, error) {
+	g.hold(gatePin, "pin")
+	return g.Emulator.MallocHost(n)
+}
+
+// hold announces the call as kind and blocks until release is closed, if
+// held names gate and release is still open.
+func (g gated) hold(gate uint32, kind string) {
+	if g.held.Load()&gate == 0 {
+		return
+	}
 	select {
 	case g.entered <- kind:
 		<-g.release
@@ -41,21 +57,40 @@ func (g gatedWaits) hold(kind string) {
 	}
 }
 
-func newGated(t *testing.T, opts ...emulated.Option) (*Allocator, *emulated.Emulator, gatedWaits) {
+// newGated makes a host allocator over a gated emulator that holds the
+// calls in held.
+func newGated(t *testing.T, held uint32, opts ...emulated.Option) (*Allocator, *emulated.Emulator, gated) {
 	t.Helper()
-	var g gatedWaits
+	var g gated
 	a, e := newHostOver(t, "", func(e *emulated.Emulator) backend.Driver {
-		g = gatedWaits{Emulator: e, entered: make(chan string), release: make(chan struct{})}
+		g = gated{Emulator: e, held: new(atomic.Uint32), entered: make(chan string), release: make(chan struct{})}
+		g.held.Store(held)
 		return g
 	}, opts...)
 	return a, e, g
+}
+
+// closeDuring starts Close and returns its result's channel once Close
+// has marked a closed, and so waits for the calls running without mu.
+func closeDuring(a *Allocator) <-chan error {
+	closed := make(chan error, 1)
+	go func() { closed <- a.Close() }()
+	for {
+		a.mu.Lock()
+		c := a.closed
+		a.mu.Unlock()
+		if c {
+			return closed
+		}
+		runtime.Gosched()
+	}
 }
 
 // whileHeld runs f while a driver wait is held open and fails the test if
 // f does not return before the wait is let go: a call blocked behind the
 // wait (mu held across it) would never return. The bound only turns that
 // deadlock into a failure; it orders nothing.
-func whileHeld(t *testing.T, g gatedWaits, f func()) {
+func whileHeld(t *testing.T, g gated, f func()) {
 	t.Helper()
 	done := make(chan struct{})
 	go func() {
@@ -75,7 +110,7 @@ func whileHeld(t *testing.T, g gatedWaits, f func()) {
 // dropped: meanwhile other goroutines free, hit the cache and record
 // streams; after the wait the ladder releases what it finds and retries.
 func TestLadderWaitsWithoutLock(t *testing.T) {
-	a, e, g := newGated(t, emulated.WithHostCapacity(64*kib), emulated.WithManualCompletion())
+	a, e, g := newGated(t, gateWaits, emulated.WithHostCapacity(64*kib), emulated.WithManualCompletion())
 	s, err := e.StreamCreate(0)
 	require.NoError(t, err)
 	live, err := a.Malloc(16 * kib)
@@ -120,7 +155,7 @@ func TestLadderWaitsWithoutLock(t *testing.T) {
 // it began: a block quarantined during the wait may have work the wait
 // did not cover.
 func TestEmptyCacheQuarantineWaitWithoutLock(t *testing.T) {
-	a, e, g := newGated(t, emulated.WithManualCompletion())
+	a, e, g := newGated(t, gateWaits, emulated.WithManualCompletion())
 	quarantine := func() uintptr {
 		s, err := e.StreamCreate(0)
 		require.NoError(t, err)
@@ -164,7 +199,7 @@ func TestEmptyCacheQuarantineWaitWithoutLock(t *testing.T) {
 // Close during another goroutine's unlocked wait lets that wait end before
 // it destroys anything; the waiting call then reports ErrClosed.
 func TestCloseDuringUnlockedWait(t *testing.T) {
-	a, e, g := newGated(t, emulated.WithManualCompletion())
+	a, e, g := newGated(t, gateWaits, emulated.WithManualCompletion())
 	s, err := e.StreamCreate(0)
 	require.NoError(t, err)
 	p, err := a.Malloc(8 * kib)
@@ -176,59 +211,21 @@ func TestCloseDuringUnlockedWait(t *testing.T) {
 	emptied := make(chan error, 1)
 	go func() { emptied <- a.EmptyCache() }()
 	require.Equal(t, "device", <-g.entered)
-	closed := make(chan error, 1)
-	go func() { closed <- a.Close() }()
-	for { // until Close has marked the allocator closed and waits for the wait
-		a.mu.Lock()
-		c := a.closed
-		a.mu.Unlock()
-		if c {
-			break
-		}
-		runtime.Gosched()
-	}
+	closed := closeDuring(a)
 	close(g.release)
 	require.ErrorIs(t, <-emptied, ErrClosed)
 	require.NoError(t, <-closed) // its own device wait is let through
 	assertNothingHeld(t, e)
 }
 
-// gatedHost is the emulator whose MallocHost, while holding is set,
-// announces itself on entered and waits for release: a slow pinning the
-// test holds open.
-type gatedHost struct {
-	*emulated.Emulator
-	holding *atomic.Bool
-	entered chan struct{}
-	release chan struct{}
-}
-
-func (g gatedHost) MallocHost(n uint64) (uintptr, error) {
-	if g.holding.Load() {
-		g.entered <- struct{}{}
-		<-g.release
-	}
-	return g.Emulator.MallocHost(n)
-}
-
-func newGatedHost(t *testing.T) (*Allocator, *emulated.Emulator, gatedHost) {
-	t.Helper()
-	var g gatedHost
-	a, e := newHostOver(t, "", func(e *emulated.Emulator) backend.Driver {
-		g = gatedHost{Emulator: e, holding: new(atomic.Bool), entered: make(chan struct{}), release: make(chan struct{})}
-		return g
-	})
-	return a, e, g
-}
-
 // A Malloc that pins a new block does so with mu dropped: other
 // goroutines' cache hits, frees and statistics go on meanwhile.
 func TestPinningWithoutLock(t *testing.T) {
-	a, e, g := newGatedHost(t)
+	a, e, g := newGated(t, 0)
 	p, err := a.Malloc(4 * kib)
 	require.NoError(t, err)
 	require.NoError(t, a.Free(p)) // cached
-	g.holding.Store(true)
+	g.held.Store(gatePin)
 
 	type result struct {
 		p   uintptr
@@ -239,9 +236,9 @@ func TestPinningWithoutLock(t *testing.T) {
 		q, err := a.Malloc(1 << 20) // a class with nothing cached: pins
 		got <- result{q, err}
 	}()
-	<-g.entered
-	g.holding.Store(false)
-	whileHeld(t, gatedWaits{release: g.release}, func() {
+	require.Equal(t, "pin", <-g.entered)
+	g.held.Store(0)
+	whileHeld(t, g, func() {
 		q, err := a.Malloc(4 * kib)
 		assert.NoError(t, err)
 		assert.Equal(t, p, q, "a cache hit")
@@ -260,26 +257,14 @@ func TestPinningWithoutLock(t *testing.T) {
 // Close while a Malloc pins: Close lets the pinning end, the Malloc
 // returns ErrClosed, and the block it pinned is released with the rest.
 func TestCloseDuringPinning(t *testing.T) {
-	a, e, g := newGatedHost(t)
-	g.holding.Store(true)
+	a, e, g := newGated(t, gatePin)
 	got := make(chan error, 1)
 	go func() {
 		_, err := a.Malloc(4 * kib)
 		got <- err
 	}()
-	<-g.entered
-	g.holding.Store(false)
-	closed := make(chan error, 1)
-	go func() { closed <- a.Close() }()
-	for { // until Close has marked the allocator closed and waits for the pinning
-		a.mu.Lock()
-		c := a.closed
-		a.mu.Unlock()
-		if c {
-			break
-		}
-		runtime.Gosched()
-	}
+	require.Equal(t, "pin", <-g.entered)
+	closed := closeDuring(a)
 	close(g.release)
 	require.ErrorIs(t, <-got, ErrClosed)
 	require.NoError(t, <-closed)
