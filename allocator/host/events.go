@@ -145,14 +145,18 @@ func (a *Allocator) processEvents() {
 	}
 }
 
-// drainPending waits, with mu dropped, for the newest pending event of
-// every stream (a stream's events complete in order, so that is all of
-// them), then retires the events it finds complete (processEvents).
-// Blocks are retired only by that query, after the wait: an event retired
-// and recorded again by another goroutine while this one waited makes the
-// wait longer, never frees a block early. Events recorded meanwhile are
-// not waited for. mu held (dropped while it waits).
-func (a *Allocator) drainPending() error {
+// drainPending waits for the newest pending event of every stream (a
+// stream's events complete in order, so that is all of them) and retires
+// the events before it. Events recorded meanwhile are not waited for.
+//
+// Unless closing, it waits with mu dropped and then retires only what
+// EventQuery finds complete (processEvents): an event retired and recorded
+// again by another goroutine while this one waited makes the wait longer,
+// never frees a block early. Closing (Close: every later call returns
+// ErrClosed anyway) it waits with mu held, so nothing can be recorded
+// meanwhile and every pending event is retired after the wait. A failed
+// wait retires nothing more and returns the error. mu held.
+func (a *Allocator) drainPending(closing bool) error {
 	var evs []backend.Event
 	for _, ss := range a.slist {
 		if p := ss.pending(); len(p) > 0 {
@@ -162,27 +166,24 @@ func (a *Allocator) drainPending() error {
 	if len(evs) == 0 {
 		return nil
 	}
-	err := a.callUnlocked(func() error {
+	wait := func() error {
 		for _, ev := range evs {
 			if err := a.drv.EventSynchronize(ev); err != nil {
 				return err
 			}
 		}
 		return nil
-	})
-	a.processEvents()
-	return err
-}
-
-// synchronizeEvents waits for every pending event and caches the blocks
-// waiting on them, with mu held (Close). It stops at the first failed
-// wait. mu held.
-func (a *Allocator) synchronizeEvents() error {
+	}
+	if !closing {
+		err := a.callUnlocked(wait)
+		a.processEvents()
+		return err
+	}
+	if err := wait(); err != nil {
+		return err
+	}
 	for _, ss := range a.slist {
 		for len(ss.pending()) > 0 {
-			if err := a.drv.EventSynchronize(ss.pending()[0].ev); err != nil {
-				return err
-			}
 			a.eventDone(ss)
 		}
 	}

@@ -29,7 +29,7 @@ func (a *Allocator) grow(rounded uint64, c int, size uint64) (*block, error) {
 		}
 	}
 	if a.pending > 0 || len(a.quarantine) > 0 {
-		e := errors.Join(a.drainPending(), a.settleQuarantine(false)) // mu dropped while they wait
+		e := errors.Join(a.drainPending(false), a.settleQuarantine(false)) // mu dropped while they wait
 		if a.closed {
 			return nil, ErrClosed
 		}
@@ -200,7 +200,7 @@ func (a *Allocator) Close() error {
 	for a.inflight > 0 { // a wait of the ladder or EmptyCache: its events stay valid
 		a.quiet.Wait()
 	}
-	if err := errors.Join(a.synchronizeEvents(), a.settleQuarantine(true)); err != nil {
+	if err := errors.Join(a.drainPending(true), a.settleQuarantine(true)); err != nil {
 		return err
 	}
 	var errs []error
