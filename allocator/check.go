@@ -606,15 +606,14 @@ func (a *Allocator) snapshotLocked() stats.Snapshot {
 }
 
 // checkDefragSlack verifies that no pool's learned defrag slack exceeds
-// maxDefragSlack thresholds of its high water mark (none with
-// defragmentation off). mu held.
+// defragSlackCap of its high water mark. mu held.
 func (a *Allocator) checkDefragSlack() error {
 	for _, p := range a.pools {
 		if p == nil {
 			continue
 		}
 		for i, sl := range p.defragSlack {
-			if limit := uint64(maxDefragSlack * max(a.cfg.DefragThreshold, 0) * float64(p.highWater[i])); sl > limit {
+			if limit := a.defragSlackCap(p.highWater[i]); sl > limit {
 				return corrupt("pool %q: defrag slack %d bytes in class %d, over %d", p.name, sl, i, limit)
 			}
 		}

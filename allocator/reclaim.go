@@ -230,7 +230,11 @@ func (a *Allocator) defragExcess(p *Pool, cl *sizeClass, rounded uint64) uint64 
 // a mark's worth of allocation between the two) nothing is learned, so a
 // single pass replays as before. mu held.
 func (a *Allocator) learnDefragSlack(p *Pool, cl *sizeClass, rounded uint64) {
-	if a.cfg.DefragThreshold < 0 || a.defragExcess(p, cl, rounded) == 0 {
+	if a.cfg.DefragThreshold < 0 {
+		return
+	}
+	excess := a.defragExcess(p, cl, rounded)
+	if excess == 0 {
 		return
 	}
 	i := cl.idx
@@ -245,7 +249,14 @@ func (a *Allocator) learnDefragSlack(p *Pool, cl *sizeClass, rounded uint64) {
 		return
 	}
 	p.defragChurn[i] = churn
-	p.defragSlack[i] = min(p.defragSlack[i]+a.defragExcess(p, cl, rounded), uint64(maxDefragSlack*a.cfg.DefragThreshold*float64(hw)))
+	p.defragSlack[i] = min(p.defragSlack[i]+excess, a.defragSlackCap(hw))
+}
+
+// defragSlackCap is the most slack learnDefragSlack may learn at high
+// water mark hw: maxDefragSlack thresholds of it (none with
+// defragmentation off). Check verifies it.
+func (a *Allocator) defragSlackCap(hw uint64) uint64 {
+	return uint64(maxDefragSlack * max(a.cfg.DefragThreshold, 0) * float64(hw))
 }
 
 // forgetDefragSlack drops what learnDefragSlack learned for p: at an
