@@ -338,11 +338,7 @@ func (a *Allocator) sleep(p *Pool, sl *poolSleep, c backend.Copier, s backend.St
 	if a.exportedIn(p) {
 		return fmt.Errorf("%w: pool %q", ErrPoolExported, p.name)
 	}
-	devSynced := false
 	for _, st := range a.poolStreams(p) {
-		if devSynced {
-			break
-		}
 		a.counters.StreamSyncs++
 		err := a.waitUnlocked(func() error { return a.drv.StreamSynchronize(st) })
 		if err == nil {
@@ -352,7 +348,8 @@ func (a *Allocator) sleep(p *Pool, sl *poolSleep, c backend.Copier, s backend.St
 			return fmt.Errorf("vmmalloc: sleep of pool %q: synchronize stream %d: %w", p.name, st, err)
 		}
 		// Destroyed behind the allocator's back: its queued work still
-		// runs, and only a device-wide wait can see it end.
+		// runs, and only a device-wide wait can see it end (and every
+		// other stream's with it).
 		ds, ok := a.drv.(backend.DeviceSynchronizer)
 		if !ok {
 			return fmt.Errorf("vmmalloc: sleep of pool %q: %w: stream %d was destroyed with work the sleep cannot wait for: %w", p.name, ErrInvalidStream, st, errNoDeviceSync)
@@ -361,7 +358,7 @@ func (a *Allocator) sleep(p *Pool, sl *poolSleep, c backend.Copier, s backend.St
 		if err := a.waitUnlocked(func() error { return ds.DeviceSynchronize(a.dev) }); err != nil {
 			return fmt.Errorf("vmmalloc: sleep of pool %q: synchronize device %d (stream %d destroyed): %w", p.name, a.dev, st, err)
 		}
-		devSynced = true // every stream's work is done
+		break
 	}
 	if a.pending > 0 {
 		a.processEvents()
