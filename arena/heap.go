@@ -237,6 +237,12 @@ func (h *Heap) freeRecord(id BlockID, b *block) {
 	if b.stream != 0 {
 		h.streams[b.stream].blocks--
 	}
+	h.recycleRecord(id, b)
+}
+
+// recycleRecord is freeRecord once b's stream no longer counts it. It
+// inlines.
+func (h *Heap) recycleRecord(id BlockID, b *block) {
 	*b = block{state: dead, next: h.freeRec}
 	h.freeRec = id
 	h.used--

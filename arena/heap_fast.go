@@ -231,11 +231,8 @@ func (h *Heap) FreeAt(addr uintptr) (f Freed, ok bool) {
 		} else {
 			h.regions[b.region].head = nid
 		}
-		// freeRecord(id, b), with st at hand.
-		st.blocks--
-		*b = block{state: dead, next: h.freeRec}
-		h.freeRec = id
-		h.used--
+		st.blocks-- // freeRecord(id, b), with st at hand
+		h.recycleRecord(id, b)
 		return f, true
 	}
 	h.mergeAbove(l, id, b, prev, nid, nx)
