@@ -116,7 +116,12 @@ func PeerCred(conn *net.UnixConn) (Cred, error) {
 }
 
 // Send checks the peer on conn and sends it d, or a refusal. The error
-// wraps backend.ErrNotPermitted when the peer was refused.
+// wraps backend.ErrNotPermitted when the peer was refused. With PassFDs
+// the fds sent are the exporting Driver's own (cuda.BorrowedFD), which the
+// kernel copies into the message: Send neither takes nor closes them, and
+// d must come from an Export that is still open, since the Driver closes
+// those fds once the Exporter lets go of the handles and their numbers may
+// then name other files.
 func (s *Server) Send(conn *net.UnixConn, d Descriptor) error {
 	if s.isClosed() {
 		return fmt.Errorf("ipc: send on a closed Server: %w", ErrClosed)
@@ -147,7 +152,7 @@ func (s *Server) Send(conn *net.UnixConn, d Descriptor) error {
 		}
 		fds := make([]int, len(d.Handles))
 		for i, h := range d.Handles {
-			fds[i] = cuda.ShareableFD(h.Shareable)
+			fds[i] = cuda.BorrowedFD(h.Shareable) // copied by the kernel at the send
 		}
 		oob = unix.UnixRights(fds...)
 	}

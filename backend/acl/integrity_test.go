@@ -31,6 +31,9 @@ func TestAllocatorIntegrity(t *testing.T) {
 		t.Run(c.name, func(t *testing.T) {
 			d := open(t)
 			main_.capacity(t, 0, 64<<20)
+			_, total, err := d.MemGetInfo(0)
+			require.NoError(t, err)
+			require.Equal(t, uint64(64<<20), total, "the device has the capacity the test set")
 			cfg, err := allocator.ParseConfig(c.conf)
 			require.NoError(t, err)
 			a, err := allocator.New(d, cfg)
@@ -174,6 +177,9 @@ func TestAllocatorFaults(t *testing.T) {
 func TestSleepCyclesDouble(t *testing.T) {
 	d := open(t)
 	main_.capacity(t, 0, 256<<20)
+	_, total, err := d.MemGetInfo(0)
+	require.NoError(t, err)
+	require.Equal(t, uint64(256<<20), total, "the device has the capacity the test set")
 	r := vmintegrity.SleepCycles(t, d, vmintegrity.SleepOptions{})
 	require.Equal(t, 6, r.Cycles)
 	require.Positive(t, r.Verified)
