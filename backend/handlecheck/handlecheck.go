@@ -132,7 +132,7 @@ type tracker struct {
 	drv backend.Driver
 
 	mu      sync.Mutex
-	handles map[backend.Handle]*life // live or mapped handles; mu
+	handles map[backend.Handle]life // live or mapped handles; mu
 	maps    map[uintptr]mapping      // by address; mu
 	viols   []Violation              // mu
 
@@ -147,7 +147,7 @@ type Checker struct {
 
 // New wraps d. Use Driver for the wrapped driver.
 func New(d backend.Driver) *Checker {
-	t := &tracker{drv: d, handles: map[backend.Handle]*life{}, maps: map[uintptr]mapping{}}
+	t := &tracker{drv: d, handles: map[backend.Handle]life{}, maps: map[uintptr]mapping{}}
 	return &Checker{t: t, drv: wrap(t, d)}
 }
 
@@ -216,14 +216,12 @@ func (t *tracker) violate(v Violation) error {
 
 // born records a handle the driver just handed out; mu held.
 func (t *tracker) born(op backend.Op, h backend.Handle) error {
-	if l := t.handles[h]; l != nil && l.refs > 0 {
+	l := t.handles[h]
+	if l.refs > 0 {
 		return t.violate(Violation{Kind: ReusedWhileLive, Op: op, Handle: h})
 	}
-	if l := t.handles[h]; l != nil { // released but mapped: the driver made it anew
-		l.refs = 1
-		return nil
-	}
-	t.handles[h] = &life{refs: 1}
+	l.refs = 1 // l.maps > 0: released but mapped, and the driver made it anew
+	t.handles[h] = l
 	return nil
 }
 
@@ -269,7 +267,7 @@ func (t *tracker) FreePhysical(h backend.Handle) error {
 	defer t.mu.Unlock()
 	l := t.handles[h]
 	switch {
-	case l == nil || l.refs == 0:
+	case l.refs == 0:
 		return t.violate(Violation{Kind: FreedTwice, Op: backend.OpFree, Handle: h})
 	case l.refs == 1 && l.maps > 0:
 		return t.violate(Violation{Kind: FreedWhileMapped, Op: backend.OpFree, Handle: h, At: l.at})
@@ -277,11 +275,18 @@ func (t *tracker) FreePhysical(h backend.Handle) error {
 	if err := t.drv.FreePhysical(h); err != nil {
 		return err
 	}
-	l.refs--
+	t.set(h, life{refs: l.refs - 1, maps: l.maps, at: l.at})
+	return nil
+}
+
+// set records l as h's life, or forgets h when it has no reference and
+// no mapping left; mu held.
+func (t *tracker) set(h backend.Handle, l life) {
 	if l.refs == 0 && l.maps == 0 {
 		delete(t.handles, h)
+		return
 	}
-	return nil
+	t.handles[h] = l
 }
 
 func (t *tracker) Map(va uintptr, size uint64, h backend.Handle) error {
@@ -289,7 +294,7 @@ func (t *tracker) Map(va uintptr, size uint64, h backend.Handle) error {
 	defer t.mu.Unlock()
 	l := t.handles[h]
 	switch {
-	case l == nil || l.refs == 0:
+	case l.refs == 0:
 		return t.violate(Violation{Kind: MappedAfterFree, Op: backend.OpMap, Handle: h, VA: va})
 	case l.maps > 0:
 		return t.violate(Violation{Kind: MappedTwice, Op: backend.OpMap, Handle: h, VA: va, At: l.at})
@@ -297,8 +302,7 @@ func (t *tracker) Map(va uintptr, size uint64, h backend.Handle) error {
 	if err := t.drv.Map(va, size, h); err != nil {
 		return err
 	}
-	l.maps++
-	l.at = va
+	t.handles[h] = life{refs: l.refs, maps: l.maps + 1, at: va}
 	t.maps[va] = mapping{h: h, size: size}
 	return nil
 }
@@ -314,11 +318,8 @@ func (t *tracker) Unmap(va uintptr, size uint64) error {
 		return nil // a mapping the checker never saw made
 	}
 	delete(t.maps, va)
-	if l := t.handles[m.h]; l != nil {
-		l.maps--
-		if l.refs == 0 && l.maps == 0 {
-			delete(t.handles, m.h)
-		}
+	if l, ok := t.handles[m.h]; ok {
+		t.set(m.h, life{refs: l.refs, maps: l.maps - 1, at: l.at})
 	}
 	return nil
 }
@@ -341,7 +342,9 @@ func (t *tracker) RetainHandle(va uintptr) (backend.Handle, error) {
 		return h, err
 	}
 	if m, ok := t.mappingAt(va); ok && m.h == h {
-		t.handles[h].refs++ // mapped, so known
+		l := t.handles[h] // mapped, so known
+		l.refs++
+		t.handles[h] = l
 		return h, nil
 	}
 	if err := t.born(backend.OpRetain, h); err != nil {

@@ -15,7 +15,7 @@ func (p ipcPart) Export(h backend.Handle, flags backend.ShareFlags) (uint64, err
 	t := p.t
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	if l := t.handles[h]; l == nil || l.refs == 0 {
+	if t.handles[h].refs == 0 {
 		return 0, t.violate(Violation{Kind: ExportedAfterFree, Op: backend.OpExport, Handle: h})
 	}
 	return p.x.Export(h, flags)
