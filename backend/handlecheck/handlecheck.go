@@ -27,14 +27,16 @@
 //
 // A handle's life, as the checker follows it:
 //
-//	         CreatePhysical / Import (refs 1)
-//	                 │        ▲ RetainHandle (refs+1)
-//	                 ▼        │
-//	┌──────────▶ live, unmapped ──── FreePhysical (refs-1; at 0: dead)
-//	│ Unmap          │ Map
-//	│                ▼
-//	└────────── live, mapped ──────── FreePhysical of a retained
-//	                                  reference (refs-1, never to 0)
+//	       CreatePhysical, Import (refs 1)
+//	                    │
+//	                    ▼
+//	┌──────────▶ live, unmapped ───── FreePhysical: refs-1; at 0 gone
+//	│ Unmap             │ Map         (the driver may hand the id out again)
+//	│                   ▼
+//	└────────── live, mapped ◀─────── RetainHandle: refs+1
+//	                    │
+//	                    └──────────── FreePhysical: refs-1, of a retained
+//	                                  reference; of the last: refused
 //
 // The wrapper is transparent: New(d).Driver() implements exactly the
 // optional interfaces of package backend that d implements (IPC,
@@ -116,7 +118,7 @@ func (v *Violation) Unwrap() error { return backend.ErrInvalidArgument }
 // still mapped.
 type life struct {
 	refs int     // creation/import + retains not yet freed
-	maps int     // mappings (1 at most, but for handles mapped before the checker saw them)
+	maps int     // mappings made through the checker: 0 or 1 (a second is refused)
 	at   uintptr // the address of its last mapping while maps > 0
 }
 
@@ -133,8 +135,8 @@ type tracker struct {
 
 	mu      sync.Mutex
 	handles map[backend.Handle]life // live or mapped handles; mu
-	maps    map[uintptr]mapping      // by address; mu
-	viols   []Violation              // mu
+	maps    map[uintptr]mapping     // by address; mu
+	viols   []Violation             // mu
 
 	nviols atomic.Int64 // len(viols), read without mu
 }
