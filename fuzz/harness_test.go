@@ -15,6 +15,7 @@ import (
 	"github.com/vmmalloc/vmmalloc/allocator/host"
 	"github.com/vmmalloc/vmmalloc/backend"
 	"github.com/vmmalloc/vmmalloc/backend/emulated"
+	"github.com/vmmalloc/vmmalloc/backend/handlecheck"
 	"github.com/vmmalloc/vmmalloc/stats"
 )
 
@@ -84,6 +85,7 @@ type harness struct {
 	cfg harnessConfig
 	e   *emulated.Emulator
 	a   *allocator.Allocator
+	chk *handlecheck.Checker // the driver a runs on; e beneath it
 
 	streams   []backend.Stream          // [0] is the allocator's default stream
 	foreign   backend.Stream            // a stream of device 1
@@ -142,10 +144,14 @@ func newHarness(t testing.TB, hc harnessConfig) *harness {
 	require.NoError(t, err)
 	cfg, err := allocator.ParseConfig(hc.conf)
 	require.NoError(t, err, "config %q", hc.conf)
-	a, err := allocator.New(e, cfg)
+	// The allocator runs over the handle-lifetime checker: a handle mapped
+	// twice, mapped or freed after its free, freed while mapped, or an id
+	// reused while live fails the run at the next operation.
+	chk := handlecheck.New(e)
+	a, err := allocator.New(chk.Driver(), cfg)
 	require.NoError(t, err)
 	h := &harness{
-		t: t, cfg: hc, e: e, a: a,
+		t: t, cfg: hc, e: e, a: a, chk: chk,
 		submitted:    map[backend.Stream]uint64{},
 		byPtr:        map[uintptr]*liveBlock{},
 		maybePending: map[uintptr]uint64{},
@@ -858,6 +864,9 @@ func (h *harness) run(data []byte) {
 	for n := 0; n < limit && !d.empty(); n++ {
 		h.step(&d)
 		h.ops++
+		if h.chk.Count() != 0 { // one atomic load
+			h.fatalf("%v", h.chk.Err())
+		}
 		switch {
 		case h.quietUntilFault && !h.firedAny:
 		case h.fullEvery > 1 && h.ops%h.fullEvery != 0:
@@ -1275,6 +1284,9 @@ func (h *harness) closeArmed() {
 
 // requireEmpty requires that the emulator holds nothing of the allocator.
 func (h *harness) requireEmpty() {
+	if err := h.chk.Err(); err != nil {
+		h.fatalf("%v", err)
+	}
 	live := h.e.Live()
 	if live.Handles != 0 || live.Mappings != 0 || live.Reservations != 0 || live.Events != 0 {
 		h.fatalf("after Close the emulator holds %d handles, %d mappings, %d reservations, %d events",

@@ -11,6 +11,7 @@ import (
 	"github.com/vmmalloc/vmmalloc/allocator"
 	"github.com/vmmalloc/vmmalloc/backend"
 	"github.com/vmmalloc/vmmalloc/backend/emulated"
+	"github.com/vmmalloc/vmmalloc/backend/handlecheck"
 )
 
 // sweepWorkload is a fixed program of about 1,000 operations on a 1 GiB
@@ -215,7 +216,8 @@ func TestEventFailureDoesNotFreeEarly(t *testing.T) {
 			require.NoError(t, err)
 			cfg, err := allocator.ParseConfig("large_segment_size_mb:2,handle_cache_mb:0")
 			require.NoError(t, err)
-			a, err := allocator.New(e, cfg)
+			d, chk := handlecheck.ForTest(t, e) // fails t on a handle-lifetime violation
+			a, err := allocator.New(d, cfg)
 			require.NoError(t, err)
 			s0 := a.DefaultStream()
 			busy, err := e.StreamCreate(0)
@@ -283,6 +285,7 @@ func TestEventFailureDoesNotFreeEarly(t *testing.T) {
 			require.NoError(t, a.Close())
 			require.Zero(t, e.Live().Mappings)
 			require.Empty(t, e.Violations())
+			require.NoError(t, chk.Err())
 		})
 	}
 }

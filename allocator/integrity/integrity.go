@@ -13,6 +13,12 @@
 // pattern. At the end every block is freed, the allocator is closed, and
 // a driver that implements backend.Introspector must hold nothing.
 //
+// Run and SleepCycles drive the allocator over the driver wrapped in the
+// handle-lifetime checker (backend/handlecheck): a handle mapped twice,
+// mapped or freed after its free, freed while mapped, or an id the driver
+// reuses while live fails the run, even where the allocator recovered from
+// the refused call.
+//
 // Blocks up to FullPattern bytes carry the pattern in every byte; larger
 // ones in their first and last 4 KiB and in a 4 KiB window at a
 // tag-dependent offset, which keeps the test's copies bounded while still
@@ -31,6 +37,7 @@ import (
 
 	"github.com/vmmalloc/vmmalloc/allocator"
 	"github.com/vmmalloc/vmmalloc/backend"
+	"github.com/vmmalloc/vmmalloc/backend/handlecheck"
 	"github.com/vmmalloc/vmmalloc/stats"
 )
 
@@ -127,6 +134,8 @@ func Run(t testing.TB, d backend.Driver, o Options) Result {
 		t.Fatalf("integrity: negative Options field in %+v (a run that does nothing cannot fail)", o)
 	}
 	o.defaults()
+	chk := handlecheck.New(d)
+	d = chk.Driver()
 	c, ok := d.(backend.Copier)
 	if !ok {
 		t.Skipf("integrity: %s driver does not implement backend.Copier", d.Name())
@@ -175,12 +184,13 @@ func Run(t testing.TB, d backend.Driver, o Options) Result {
 	wg.Wait()
 	close(errs)
 	for err := range errs {
-		require.NoError(t, err)
+		require.NoError(t, errors.Join(err, chk.Err()))
 	}
 	st := a.Stats()
 	res.PeakReserved = uint64(st.ReservedBytes[stats.AllPools].Peak)
 	require.NoError(t, a.Check())
 	require.NoError(t, a.Close())
+	require.NoError(t, chk.Err())
 	if in, ok := d.(backend.Introspector); ok {
 		r, m, h := in.LiveRanges(0)
 		require.Empty(t, r, "reservations left after Close")

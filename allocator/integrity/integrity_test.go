@@ -65,6 +65,48 @@ func TestDetectsCorruption(t *testing.T) {
 	assert.Contains(t, ft.msg, "corrupted at byte 0")
 }
 
+// reusingIDs hands out, at its second CreatePhysical, the id of the first
+// handle (still live: the allocator caches what it maps), as a driver whose
+// handles a stray close merged would.
+type reusingIDs struct {
+	*emulated.Emulator
+	n     int
+	first backend.Handle
+}
+
+func (r *reusingIDs) CreatePhysical(size uint64, prop backend.PhysicalProp) (backend.Handle, error) {
+	h, err := r.Emulator.CreatePhysical(size, prop)
+	if err != nil {
+		return h, err
+	}
+	r.n++
+	switch r.n {
+	case 1:
+		r.first = h
+	case 2:
+		return r.first, nil
+	}
+	return h, nil
+}
+
+// TestRunsUnderHandleCheck: Run drives the allocator through the
+// handle-lifetime checker, so a driver that hands out a live handle's id
+// again fails the run by name, even though the allocator survives the
+// refused call.
+func TestRunsUnderHandleCheck(t *testing.T) {
+	ft := &fakeT{TB: t}
+	e := newReal(t)
+	func() {
+		defer func() { _ = recover() }()
+		integrity.Run(ft, &reusingIDs{Emulator: e}, integrity.Options{Ops: 100, Workers: 1, Config: "large_segment_size_mb:2"})
+	}()
+	require.True(t, ft.failed, "a reused handle id went unnoticed")
+	assert.Contains(t, ft.msg, "id reused while live")
+	for _, h := range e.Handles() { // the handle the checker kept from the allocator
+		_ = e.FreePhysical(h.Handle)
+	}
+}
+
 // fakeT records a failure instead of failing the test.
 type fakeT struct {
 	testing.TB

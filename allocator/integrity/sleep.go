@@ -10,6 +10,7 @@ import (
 	"github.com/vmmalloc/vmmalloc/allocator"
 	"github.com/vmmalloc/vmmalloc/allocator/host"
 	"github.com/vmmalloc/vmmalloc/backend"
+	"github.com/vmmalloc/vmmalloc/backend/handlecheck"
 )
 
 // SleepOptions sizes a SleepCycles run. Zero fields take the defaults in
@@ -47,6 +48,8 @@ func SleepCycles(t testing.TB, d backend.Driver, o SleepOptions) SleepResult {
 	if o.Config == "" {
 		o.Config = "large_segment_size_mb:2"
 	}
+	chk := handlecheck.New(d)
+	d = chk.Driver()
 	c, ok := d.(backend.Copier)
 	if !ok {
 		t.Skipf("integrity: %s driver does not implement backend.Copier", d.Name())
@@ -122,6 +125,7 @@ func SleepCycles(t testing.TB, d backend.Driver, o SleepOptions) SleepResult {
 		check(scratch)
 		check(write(k, 3<<20))
 		require.NoError(t, a.Free(g))
+		require.NoError(t, chk.Err(), "cycle %d", res.Cycles)
 		res.Cycles++
 	}
 	for _, l := range ws {
@@ -131,6 +135,7 @@ func SleepCycles(t testing.TB, d backend.Driver, o SleepOptions) SleepResult {
 	require.NoError(t, a.Check())
 	require.NoError(t, a.Close())
 	require.NoError(t, pinned.Close())
+	require.NoError(t, chk.Err())
 	if in, ok := d.(backend.Introspector); ok {
 		_, maps, handles := in.LiveRanges(0)
 		require.Empty(t, maps, "mappings left after Close")

@@ -50,6 +50,11 @@
 // kernel-reported credentials (SO_PEERCRED) its Allow admits. A refused
 // peer gets no fd and an error wrapping backend.ErrNotPermitted (Receive,
 // ImportFrom); the exporter's Send reports the refusal the same way.
+// The fds inside a CUDA shareable are the exporting Driver's, closed when
+// the Exporter lets go of the handles (cuda.BorrowedFD): SendExport sends
+// duplicates taken while the Export is open and refuses a closed one; Send
+// and Serve send the Driver's own fd numbers, so their Export must stay
+// open meanwhile. Receive hands the importer files of its own to close.
 //
 // # Lifecycle
 //

@@ -47,6 +47,8 @@ func cudaDouble(t testing.TB) (*cuda.Driver, *cudatest.Double, string) {
 	dbl.Reset()
 	d, err := cuda.Open(cuda.WithLibrary(path))
 	require.NoError(t, err)
+	// No fd of the double's handles may be closed behind its back.
+	t.Cleanup(func() { require.NoError(t, dbl.BackingError()) })
 	return d, dbl, path
 }
 

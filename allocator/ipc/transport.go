@@ -116,11 +116,84 @@ func PeerCred(conn *net.UnixConn) (Cred, error) {
 }
 
 // Send checks the peer on conn and sends it d, or a refusal. The error
-// wraps backend.ErrNotPermitted when the peer was refused.
+// wraps backend.ErrNotPermitted when the peer was refused. With PassFDs
+// the fds sent are the exporting Driver's own (cuda.BorrowedFD), which the
+// kernel copies into the message: Send neither takes nor closes them, and
+// d must come from an Export that stays open until Send returns, since the
+// Driver closes those fds once the Exporter lets go of the handles, and
+// their numbers may then name other files. SendExport checks that for the
+// caller.
 func (s *Server) Send(conn *net.UnixConn, d Descriptor) error {
 	if s.isClosed() {
 		return fmt.Errorf("ipc: send on a closed Server: %w", ErrClosed)
 	}
+	var fds []int
+	if s.PassFDs {
+		if len(d.Handles) > MaxFDs {
+			return fmt.Errorf("ipc: %d handles, at most %d fds per message: %w", len(d.Handles), MaxFDs, backend.ErrNotSupported)
+		}
+		fds = make([]int, len(d.Handles))
+		for i, h := range d.Handles {
+			fds[i] = cuda.BorrowedFD(h.Shareable) // copied by the kernel at the send
+		}
+	}
+	return s.send(conn, d, fds)
+}
+
+// SendExport is Send of x's Descriptor that cannot pass a stale fd: with
+// PassFDs it duplicates the fds while x is open (under the Exporter's
+// lock, so no free can close them meanwhile), sends the duplicates and
+// closes them. On a closed Export it sends nothing and returns an error
+// wrapping ErrClosed.
+func (s *Server) SendExport(conn *net.UnixConn, x *Export) error {
+	if s.isClosed() {
+		return fmt.Errorf("ipc: send on a closed Server: %w", ErrClosed)
+	}
+	if !s.PassFDs {
+		x.e.mu.Lock()
+		open := x.hs != nil
+		x.e.mu.Unlock()
+		if !open {
+			return fmt.Errorf("ipc: send of a closed export: %w", ErrClosed)
+		}
+		return s.send(conn, x.Descriptor, nil)
+	}
+	if len(x.Handles) > MaxFDs {
+		return fmt.Errorf("ipc: %d handles, at most %d fds per message: %w", len(x.Handles), MaxFDs, backend.ErrNotSupported)
+	}
+	fds, err := x.dupFDs()
+	defer func() {
+		for _, fd := range fds {
+			_ = unix.Close(fd) // ours: the duplicates
+		}
+	}()
+	if err != nil {
+		return err
+	}
+	return s.send(conn, x.Descriptor, fds)
+}
+
+// dupFDs duplicates the fds inside x's shareables while x is open: the
+// Exporter's reference to each handle keeps the driver's fd open.
+func (x *Export) dupFDs() ([]int, error) {
+	x.e.mu.Lock()
+	defer x.e.mu.Unlock()
+	if x.hs == nil {
+		return nil, fmt.Errorf("ipc: send of a closed export: %w", ErrClosed)
+	}
+	fds := make([]int, 0, len(x.Handles))
+	for _, h := range x.Handles {
+		fd, err := unix.FcntlInt(uintptr(cuda.BorrowedFD(h.Shareable)), unix.F_DUPFD_CLOEXEC, 0)
+		if err != nil {
+			return fds, fmt.Errorf("ipc: duplicating the fd of shareable %#x: %w", h.Shareable, err)
+		}
+		fds = append(fds, fd)
+	}
+	return fds, nil
+}
+
+// send checks the peer on conn and sends it d with fds, or a refusal.
+func (s *Server) send(conn *net.UnixConn, d Descriptor, fds []int) error {
 	c, err := PeerCred(conn)
 	if err != nil {
 		return err
@@ -141,14 +214,7 @@ func (s *Server) Send(conn *net.UnixConn, d Descriptor) error {
 		return err
 	}
 	var oob []byte
-	if s.PassFDs {
-		if len(d.Handles) > MaxFDs {
-			return fmt.Errorf("ipc: %d handles, at most %d fds per message: %w", len(d.Handles), MaxFDs, backend.ErrNotSupported)
-		}
-		fds := make([]int, len(d.Handles))
-		for i, h := range d.Handles {
-			fds[i] = cuda.ShareableFD(h.Shareable)
-		}
+	if fds != nil {
 		oob = unix.UnixRights(fds...)
 	}
 	_, _, err = conn.WriteMsgUnix(append([]byte{statusOK}, b...), oob, nil)
@@ -159,7 +225,8 @@ func (s *Server) Send(conn *net.UnixConn, d Descriptor) error {
 // (by the caller or by Close); then it returns nil. A refused or failed
 // peer does not stop it: report, if not nil, hears of every peer's
 // outcome. On a closed Server it returns an error wrapping ErrClosed and
-// leaves l open.
+// leaves l open. With PassFDs, d's Export must stay open while Serve runs
+// (see Send).
 func (s *Server) Serve(l *net.UnixListener, d Descriptor, report func(Cred, error)) error {
 	s.mu.Lock()
 	if s.closed {

@@ -7,12 +7,14 @@ import (
 	"os"
 	"syscall"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
 	"github.com/vmmalloc/vmmalloc/allocator/ipc"
 	"github.com/vmmalloc/vmmalloc/backend"
+	"github.com/vmmalloc/vmmalloc/backend/cuda"
 )
 
 // socketPair returns two connected SOCK_SEQPACKET Unix sockets.
@@ -119,4 +121,51 @@ func openFDs(t *testing.T) int {
 	es, err := os.ReadDir("/proc/self/fd")
 	require.NoError(t, err)
 	return len(es)
+}
+
+// fileOf is the (device, inode) of the file fd names.
+func fileOf(t *testing.T, fd int) [2]uint64 {
+	t.Helper()
+	var st syscall.Stat_t
+	require.NoError(t, syscall.Fstat(fd, &st))
+	return [2]uint64{uint64(st.Dev), uint64(st.Ino)}
+}
+
+// TestSendExport: SendExport passes the exported memory's files
+// (duplicates it closes after the send, never the Driver's own fds), and
+// refuses a closed Export, whose fds the Driver may have closed and whose
+// numbers may name other files by then.
+func TestSendExport(t *testing.T) {
+	r := cudaSyncRig(t)
+	p, err := r.a.Malloc(weightBytes, r.s)
+	require.NoError(t, err)
+	x, err := r.x.Export(p, ipc.ExportOptions{})
+	require.NoError(t, err)
+	require.NotEmpty(t, x.Handles)
+	a, b := socketPair(t)
+	srv := &ipc.Server{PassFDs: true, Allow: ipc.AllowPids(int32(os.Getpid()))}
+	before := openFDs(t)
+	require.NoError(t, srv.SendExport(a, x))
+	assert.Equal(t, before, openFDs(t), "the duplicates were closed after the send")
+	got, files, err := ipc.Receive(b)
+	require.NoError(t, err)
+	require.Len(t, files, len(x.Handles))
+	for i, f := range files {
+		assert.Equal(t, fileOf(t, cuda.BorrowedFD(x.Handles[i].Shareable)), fileOf(t, int(f.Fd())), "handle %d", i)
+		assert.Equal(t, x.Handles[i].Size, got.Handles[i].Size)
+		require.NoError(t, f.Close())
+	}
+	for i := range x.Handles {
+		fileOf(t, cuda.BorrowedFD(x.Handles[i].Shareable)) // the Driver's fds are open
+	}
+
+	require.NoError(t, x.Close())
+	require.NoError(t, r.a.Free(p))
+	require.NoError(t, r.a.EmptyCache())
+	require.Zero(t, r.x.Exported(), "the Driver freed the handles and closed their fds")
+	require.ErrorIs(t, srv.SendExport(a, x), ipc.ErrClosed)
+	// Nothing was sent: a read that does not wait finds no message.
+	require.NoError(t, b.SetReadDeadline(time.Now()))
+	_, _, err = ipc.Receive(b)
+	require.ErrorIs(t, err, os.ErrDeadlineExceeded)
 }

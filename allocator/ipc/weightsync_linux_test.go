@@ -101,7 +101,7 @@ func TestWeightSyncAcrossProcesses(t *testing.T) {
 		require.NoError(t, r.exp.CopyHtoD(p+uintptr(r.alloc-probeBytes), pattern(probeBytes, byte(i)+101), r.s))
 		x, err := r.x.Export(p, ipc.ExportOptions{})
 		require.NoError(t, err, "step %d", i)
-		require.NoError(t, srv.Send(conn, x.Descriptor), "step %d", i)
+		require.NoError(t, srv.SendExport(conn, x), "step %d", i)
 		n, err := conn.Read(ack)
 		require.NoError(t, err, "step %d: the peer:\n%s", i, &out)
 		require.Equal(t, "ok", string(ack[:n]), "step %d", i)

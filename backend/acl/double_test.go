@@ -1,7 +1,11 @@
 package acl_test
 
 import (
+	"os"
 	"runtime"
+	"strconv"
+	"strings"
+	"syscall"
 	"testing"
 	"unsafe"
 
@@ -382,4 +386,100 @@ func TestDoubleFaultInjection(t *testing.T) {
 	vc := r.reserve(gran) // only the 2nd
 	r.ok(r.f.release, va)
 	r.ok(r.f.release, vc)
+}
+
+// aclMemfds lists the double's memfds open in this process, by fd number.
+func aclMemfds(t *testing.T) map[int]bool {
+	t.Helper()
+	ents, err := os.ReadDir("/proc/self/fd")
+	if err != nil {
+		t.Skipf("no /proc/self/fd: %v", err)
+	}
+	out := map[int]bool{}
+	for _, e := range ents {
+		target, err := os.Readlink("/proc/self/fd/" + e.Name())
+		if err != nil || !strings.HasPrefix(target, "/memfd:fakeacl") {
+			continue
+		}
+		fd, err := strconv.Atoi(e.Name())
+		require.NoError(t, err)
+		out[fd] = true
+	}
+	return out
+}
+
+// createWithFD creates a handle of one granule and returns it with the
+// number of the memfd behind it.
+func (r raw) createWithFD() (uintptr, int) {
+	r.t.Helper()
+	before := aclMemfds(r.t)
+	h := r.create(gran, devProp(0))
+	var fds []int
+	for fd := range aclMemfds(r.t) {
+		if !before[fd] {
+			fds = append(fds, fd)
+		}
+	}
+	require.Len(r.t, fds, 1, "one new memfd per handle")
+	return h, fds[0]
+}
+
+// TestDoubleBackingChanged: a handle whose memfd someone else closed (as a
+// stray os.File finalizer does), and whose fd number a new handle then
+// reuses, is refused at map and export with ACL_ERROR_RT_INTERNAL_ERROR and
+// reported, instead of mapping the other handle's memory; its free reports
+// it too and drops the handle without closing the fd number, which is no
+// longer the double's.
+func TestDoubleBackingChanged(t *testing.T) {
+	const eInternal = 507000 // ACL_ERROR_RT_INTERNAL_ERROR
+	for _, reused := range []bool{false, true} {
+		for _, call := range []string{"aclrtMapMem", "aclrtMemExportToShareableHandle", "aclrtFreePhysical"} {
+			name := call + "/closed"
+			if reused {
+				name = call + "/reused"
+			}
+			t.Run(name, func(t *testing.T) {
+				r := newRaw(t)
+				va := r.reserve(2 * gran)
+				h, fd := r.createWithFD()
+				require.NoError(t, syscall.Close(fd)) // what the stray finalizer does
+				var other uintptr
+				if reused {
+					var ofd int
+					other, ofd = r.createWithFD()
+					require.Equal(t, fd, ofd, "the kernel hands out the lowest free number")
+				}
+				var sh uint64
+				switch call {
+				case "aclrtMapMem":
+					assert.Equal(t, int32(eInternal), r.on(0, r.f.mapMem, va, gran, 0, h, 0))
+				case "aclrtMemExportToShareableHandle":
+					assert.Equal(t, int32(eInternal), r.on(0, r.f.exportSh, h, 0, 1, uintptr(unsafe.Pointer(&sh))))
+				}
+				keep, err := os.Open(os.DevNull) // in the closed case, takes fd
+				require.NoError(t, err)
+				defer keep.Close()
+				assert.Equal(t, int32(eInternal), r.on(0, r.f.freePhysical, h), "the free reports it, and drops the handle")
+				assert.Equal(t, int32(eInvalid), r.on(0, r.f.freePhysical, h), "dropped")
+				why := main_.backingError()
+				require.Error(t, why)
+				assert.Contains(t, why.Error(), call)
+				if reused {
+					assert.Contains(t, why.Error(), "now names another file")
+					// The other handle is intact: it maps, and its free
+					// closes its own memfd.
+					r.ok(r.f.mapMem, va+gran, gran, 0, other, 0)
+					r.ok(r.f.unmapMem, va+gran)
+					r.ok(r.f.freePhysical, other)
+					assert.False(t, aclMemfds(t)[fd], "freeing the other handle closed its memfd")
+				} else {
+					assert.Contains(t, why.Error(), "was closed")
+					var st syscall.Stat_t
+					require.NoError(t, syscall.Fstat(int(keep.Fd()), &st), "the double closed an fd it no longer owns")
+				}
+				r.ok(r.f.release, va)
+				require.NoError(t, main_.backingError(), "backingError forgets what it reported")
+			})
+		}
+	}
 }

@@ -7,6 +7,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"runtime"
+	"strings"
 	"testing"
 	"unsafe"
 
@@ -98,6 +99,7 @@ type fake struct {
 	exportSh, importSh, setPids, createStream, memcpy      uintptr
 	mallocHost, hostRegister, getMemInfo, retain           uintptr
 	clearContext, hold, launch, complete, failArmed        uintptr
+	backingErrors                                          uintptr
 }
 
 func openFake(path string) (*fake, error) {
@@ -121,6 +123,7 @@ func openFake(path string) (*fake, error) {
 		"aclrtGetMemInfo": &f.getMemInfo, "aclrtMemRetainAllocationHandle": &f.retain,
 		"fakeacl_clear_context": &f.clearContext, "fakeacl_hold": &f.hold, "fakeacl_launch": &f.launch,
 		"fakeacl_complete": &f.complete, "fakeacl_fail_armed": &f.failArmed,
+		"fakeacl_backing_errors": &f.backingErrors,
 	} {
 		if *p, err = purego.Dlsym(dl, name); err != nil {
 			return nil, fmt.Errorf("%s: %w", path, err)
@@ -142,6 +145,22 @@ func (f *fake) objects() liveObjects {
 	l.Reservations, l.Mappings, l.Handles, l.Streams = n[0], n[1], n[2], n[3]
 	l.Events, l.HostBlocks, l.HostRegs, l.Exports = n[4], n[5], n[6], n[7]
 	return l
+}
+
+// backingError reports the phys the copy found with a changed backing (a
+// memfd closed, or closed and its number reused, behind its back), naming
+// the first, and forgets them; nil if none.
+func (f *fake) backingError() error {
+	var why [256]byte
+	n, _, _ := purego.SyscallN(f.backingErrors, uintptr(unsafe.Pointer(&why[0])), uintptr(len(why)), 1)
+	if int64(n) == 0 {
+		return nil
+	}
+	msg := string(why[:])
+	if i := strings.IndexByte(msg, 0); i >= 0 {
+		msg = msg[:i]
+	}
+	return fmt.Errorf("the ACL double found %d handles whose memfd was closed or replaced behind its back (a test closed a file descriptor it does not own), the first at %s", int64(n), msg)
 }
 
 // failAt makes the nth call of sym return code, until the test ends.
@@ -179,6 +198,7 @@ func open(t testing.TB, opts ...acl.Option) *acl.Driver {
 	require.NoError(t, err)
 	t.Cleanup(func() {
 		require.NoError(t, d.Close())
+		require.NoError(t, main_.backingError())
 		require.Equal(t, liveObjects{}, main_.objects(), "the double still holds objects after Close")
 	})
 	return d
@@ -248,6 +268,7 @@ func openPeer(t testing.TB, exporter *acl.Driver) otherProcess {
 	require.NoError(t, err)
 	t.Cleanup(func() {
 		require.NoError(t, d.Close())
+		require.NoError(t, peer.backingError())
 		require.Equal(t, liveObjects{}, peer.objects(), "the peer still holds objects after Close")
 	})
 	return otherProcess{hostView{d, peer}, exporter}

@@ -11,6 +11,7 @@ import (
 	"github.com/vmmalloc/vmmalloc/allocator"
 	vmintegrity "github.com/vmmalloc/vmmalloc/allocator/integrity"
 	"github.com/vmmalloc/vmmalloc/backend"
+	"github.com/vmmalloc/vmmalloc/backend/handlecheck"
 	"github.com/vmmalloc/vmmalloc/stats"
 )
 
@@ -31,13 +32,18 @@ func TestAllocatorIntegrity(t *testing.T) {
 		t.Run(c.name, func(t *testing.T) {
 			d := open(t)
 			main_.capacity(t, 0, 64<<20)
+			_, total, err := d.MemGetInfo(0)
+			require.NoError(t, err)
+			require.Equal(t, uint64(64<<20), total, "the device has the capacity the test set")
 			cfg, err := allocator.ParseConfig(c.conf)
 			require.NoError(t, err)
-			a, err := allocator.New(d, cfg)
+			chk := handlecheck.New(d) // the allocator runs over the handle-lifetime checker
+			a, err := allocator.New(chk.Driver(), cfg)
 			require.NoError(t, err)
 			s := a.DefaultStream()
 			integrity(t, a, d, s)
 			require.NoError(t, a.Close())
+			require.NoError(t, chk.Err())
 		})
 	}
 }
@@ -128,7 +134,8 @@ func TestAllocatorFaults(t *testing.T) {
 					d := open(t)
 					cfg, err := allocator.ParseConfig("large_segment_size_mb:2") // a handle per 2 MiB: more driver calls
 					require.NoError(t, err)
-					a, err := allocator.New(d, cfg)
+					chk := handlecheck.New(d) // the allocator runs over the handle-lifetime checker
+					a, err := allocator.New(chk.Driver(), cfg)
 					require.NoError(t, err)
 					s := a.DefaultStream()
 					main_.failAt(t, sym, nth, code)
@@ -161,6 +168,7 @@ func TestAllocatorFaults(t *testing.T) {
 					}
 					require.NoError(t, a.Check())
 					require.NoError(t, a.Close())
+					require.NoError(t, chk.Err())
 				})
 			}
 		}
@@ -174,6 +182,9 @@ func TestAllocatorFaults(t *testing.T) {
 func TestSleepCyclesDouble(t *testing.T) {
 	d := open(t)
 	main_.capacity(t, 0, 256<<20)
+	_, total, err := d.MemGetInfo(0)
+	require.NoError(t, err)
+	require.Equal(t, uint64(256<<20), total, "the device has the capacity the test set")
 	r := vmintegrity.SleepCycles(t, d, vmintegrity.SleepOptions{})
 	require.Equal(t, 6, r.Cycles)
 	require.Positive(t, r.Verified)

@@ -24,6 +24,7 @@ const (
 	cuErrAlreadyMapped           cuResult = 208
 	cuErrNotMapped               cuResult = 211
 	cuErrInvalidHandle           cuResult = 400
+	cuErrIllegalState            cuResult = 401
 	cuErrNotFound                cuResult = 500
 	cuErrNotReady                cuResult = 600
 	cuErrIllegalAddress          cuResult = 700

@@ -40,6 +40,9 @@ func openDouble(t testing.TB, setup func(*cudatest.Double)) (*cuda.Driver, *cuda
 	require.NoError(t, err)
 	t.Cleanup(func() {
 		require.NoError(t, d.Close())
+		// A handle whose memfd someone closed is an error of the case (or
+		// of one before it: Reset finds those), whatever else happened.
+		require.NoError(t, dbl.BackingError())
 		if t.Skipped() || t.Failed() {
 			return // a case cut short leaves its objects; the next Reset drops them
 		}

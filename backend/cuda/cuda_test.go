@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"runtime"
 	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"unsafe"
@@ -236,15 +237,14 @@ func TestClosed(t *testing.T) {
 	conformance.RequireKind(t, err, backend.OpMemGetInfo, backend.ErrUnavailable)
 }
 
-// TestIPCAcrossProcesses exports a handle, passes its fd to a child process
+// exchangeWithChild exports a handle, passes its fd to a child process
 // (as its fd 3) and has the child import it, map it, check the parent's
-// bytes and write its own, which the parent then reads.
-func TestIPCAcrossProcesses(t *testing.T) {
-	if os.Getenv("CUDA_IPC_CHILD") != "" {
-		t.Skip("child side runs in TestIPCChild")
-	}
-	d, _ := openDouble(t, nil)
-	path := d.Library()
+// bytes and write its own, which the parent then reads. It frees
+// everything it made, and returns the number of the fd d exported (closed
+// by d at FreePhysical). The child gets an fd of the test's own
+// (ShareableFile), which the test closes: it never wraps the Driver's fd.
+func exchangeWithChild(t *testing.T, d *cuda.Driver) int {
+	t.Helper()
 	const g = 2 << 20
 	va, err := d.ReserveAddress(g)
 	require.NoError(t, err)
@@ -259,12 +259,17 @@ func TestIPCAcrossProcesses(t *testing.T) {
 	sh, err := d.Export(h, backend.ShareDefault)
 	require.NoError(t, err)
 	assert.Equal(t, uint64(g), cuda.ShareableSize(sh))
+	f, err := d.ShareableFile(sh)
+	require.NoError(t, err)
+	defer f.Close()
+	assert.NotEqual(t, uintptr(cuda.BorrowedFD(sh)), f.Fd(), "a duplicate, not the Driver's fd")
 	cmd := exec.Command(os.Args[0], "-test.run=^TestIPCChild$", "-test.count=1", "-test.v")
-	cmd.Env = append(os.Environ(), "CUDA_IPC_CHILD=1", cuda.EnvLibrary+"="+path, "CUDA_IPC_SIZE="+strconv.Itoa(g))
-	cmd.ExtraFiles = []*os.File{os.NewFile(uintptr(cuda.ShareableFD(sh)), "shareable")}
+	cmd.Env = append(os.Environ(), "CUDA_IPC_CHILD=1", cuda.EnvLibrary+"="+d.Library(), "CUDA_IPC_SIZE="+strconv.Itoa(g))
+	cmd.ExtraFiles = []*os.File{f}
 	out, err := cmd.CombinedOutput()
 	require.NoError(t, err, "child:\n%s", out)
 	require.Contains(t, string(out), "--- PASS: TestIPCChild")
+	require.NoError(t, f.Close())
 
 	got := make([]byte, 5)
 	require.NoError(t, d.CopyDtoH(got, va+1000, st))
@@ -273,6 +278,100 @@ func TestIPCAcrossProcesses(t *testing.T) {
 	require.NoError(t, d.Unmap(va, g))
 	require.NoError(t, d.FreePhysical(h))
 	require.NoError(t, d.ReleaseAddress(va, g))
+	_, err = d.ShareableFile(sh)
+	conformance.RequireKind(t, err, backend.OpExport, backend.ErrInvalidArgument) // freed: no longer an export
+	return cuda.BorrowedFD(sh)
+}
+
+// TestIPCAcrossProcesses shares a handle with a child process through its
+// fd (exchangeWithChild).
+func TestIPCAcrossProcesses(t *testing.T) {
+	if os.Getenv("CUDA_IPC_CHILD") != "" {
+		t.Skip("child side runs in TestIPCChild")
+	}
+	d, _ := openDouble(t, nil)
+	exchangeWithChild(t, d)
+}
+
+// runFinalizers returns once every finalizer queued by now has run: the
+// garbage collector queues the finalizers of everything unreachable, and
+// the one finalizer goroutine runs each batch it takes whole, so a
+// sentinel queued by a second collection runs after all of the first's.
+func runFinalizers() {
+	for range 2 {
+		done := make(chan struct{})
+		sentinel := &struct{ p *int }{new(int)}
+		runtime.SetFinalizer(sentinel, func(*struct{ p *int }) { close(done) })
+		sentinel = nil
+		runtime.GC()
+		<-done
+	}
+}
+
+// TestIPCExchangeClosesOnlyItsOwnFDs: after an fd exchange and a garbage
+// collection, no fd of the Driver or of the double was closed behind its
+// back. (An *os.File wrapped around the Driver's exported fd closes that
+// number again in its finalizer, after FreePhysical closed it and the next
+// handle's memfd took the number: that handle, mapped again, mapped the
+// memory of whichever handle got the number next.)
+func TestIPCExchangeClosesOnlyItsOwnFDs(t *testing.T) {
+	if os.Getenv("CUDA_IPC_CHILD") != "" {
+		t.Skip("child side runs in TestIPCChild")
+	}
+	if _, err := os.Stat("/proc/self/fd"); err != nil {
+		t.Skipf("no /proc/self/fd: %v", err)
+	}
+	d, dbl := openDouble(t, nil)
+	fd := exchangeWithChild(t, d)
+	const g = 2 << 20
+	va, err := d.ReserveAddress(2 * g)
+	require.NoError(t, err)
+	st, err := d.StreamCreate(0)
+	require.NoError(t, err)
+	rw := []backend.AccessDesc{{Location: backend.Location{Type: backend.LocationDevice}, Flags: backend.AccessReadWrite}}
+	// Create handles until one's memfd has the number the Driver exported
+	// and closed (the kernel hands out the lowest free number).
+	var hs []backend.Handle
+	victim := -1
+	for i := 0; i < 16 && victim < 0; i++ {
+		h, err := d.CreatePhysical(g, backend.DeviceProp(0))
+		require.NoError(t, err)
+		hs = append(hs, h)
+		if target, err := os.Readlink("/proc/self/fd/" + strconv.Itoa(fd)); err == nil && strings.HasPrefix(target, "/memfd:fakecu-dev") {
+			victim = i
+		}
+	}
+	require.GreaterOrEqual(t, victim, 0, "no handle's memfd took fd %d", fd)
+	mine := bytes.Repeat([]byte{0x11}, 4096)
+	require.NoError(t, d.Map(va, g, hs[victim]))
+	require.NoError(t, d.SetAccess(va, g, rw))
+	require.NoError(t, d.CopyHtoD(va, mine, st))
+	require.NoError(t, d.Unmap(va, g)) // cached, as an allocator keeps it
+
+	runFinalizers()
+
+	// A new handle takes the lowest free number: fd, if a stray finalizer
+	// closed it.
+	other, err := d.CreatePhysical(g, backend.DeviceProp(0))
+	require.NoError(t, err)
+	require.NoError(t, d.Map(va+g, g, other))
+	require.NoError(t, d.SetAccess(va+g, g, rw))
+	require.NoError(t, d.CopyHtoD(va+g, bytes.Repeat([]byte{0x22}, 4096), st))
+	require.NoError(t, d.Map(va, g, hs[victim]), "the cached handle maps again")
+	require.NoError(t, d.SetAccess(va, g, rw))
+	got := make([]byte, 4096)
+	require.NoError(t, d.CopyDtoH(got, va, st))
+	assert.True(t, bytes.Equal(mine, got), "the cached handle maps another handle's memory: byte 0 is %#x, want %#x", got[0], mine[0])
+	require.NoError(t, dbl.BackingError())
+
+	require.NoError(t, d.Unmap(va, g))
+	require.NoError(t, d.Unmap(va+g, g))
+	require.NoError(t, d.FreePhysical(other))
+	for _, h := range hs {
+		require.NoError(t, d.FreePhysical(h))
+	}
+	require.NoError(t, d.StreamDestroy(st))
+	require.NoError(t, d.ReleaseAddress(va, 2*g))
 }
 
 // TestIPCChild is the importing side of TestIPCAcrossProcesses.

@@ -55,8 +55,8 @@
 // Code and name the symbol in Msg; the kind is ErrOutOfMemory for 2,
 // ErrInvalidArgument for 1, 101, 201, 208, 211, 400, 500, 712, 713,
 // ErrNotSupported for 801, ErrNotPermitted for 800, and ErrUnavailable for
-// everything else (3, 4, 100, 700, 999: the device, not the call, is the
-// problem).
+// everything else (3, 4, 100, 401, 700, 999: the device, not the call, is
+// the problem).
 //
 // # IPC
 //
@@ -64,7 +64,10 @@
 // its low 32 bits and the handle's size in ShareUnit units in its high 32
 // bits; see Shareable. The fd is the exporter's: another process imports
 // after receiving it (SCM_RIGHTS, pidfd_getfd, inheritance) by rebuilding
-// the shareable around its own fd number. SetPids has no CUDA equivalent
+// the shareable around its own fd number. The exported fd stays the
+// Driver's, which closes it when the handle is freed: BorrowedFD reads its
+// number (never to be closed or wrapped in an *os.File), ShareableFile
+// gives the caller a duplicate it owns. SetPids has no CUDA equivalent
 // and only validates; Import refuses the exporter's own fds (R17) and a
 // second import of the same file (R15).
 //

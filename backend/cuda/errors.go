@@ -24,7 +24,7 @@ func kindOf(rc cuResult) error {
 		return backend.ErrNotSupported
 	case cuErrNotPermitted:
 		return backend.ErrNotPermitted
-	default: // 3, 4, 100, 700, 802, 999 and anything new
+	default: // 3, 4, 100, 401, 700, 802, 999 and anything new
 		return backend.ErrUnavailable
 	}
 }
@@ -52,6 +52,8 @@ func cuErrorName(rc cuResult) string {
 		return "CUDA_ERROR_NOT_MAPPED"
 	case cuErrInvalidHandle:
 		return "CUDA_ERROR_INVALID_HANDLE"
+	case cuErrIllegalState:
+		return "CUDA_ERROR_ILLEGAL_STATE"
 	case cuErrNotFound:
 		return "CUDA_ERROR_NOT_FOUND"
 	case cuErrNotReady:

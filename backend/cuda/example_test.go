@@ -31,10 +31,13 @@ func ExampleOpen() {
 // and how an importer rebuilds one around the fd it received.
 func ExampleShareable() {
 	sh := cuda.Shareable(7, 20<<20) // what Export returns: fd 7, 20 MiB
-	fmt.Println(cuda.ShareableFD(sh), cuda.ShareableSize(sh)>>20, "MiB")
+	// Fd 7 is the exporting Driver's, closed when the handle is freed:
+	// BorrowedFD only reads the number. Driver.ShareableFile gives an fd of
+	// one's own (a duplicate) to pass on and close.
+	fmt.Println(cuda.BorrowedFD(sh), cuda.ShareableSize(sh)>>20, "MiB")
 	// The importer got the fd as its fd 3 (e.g. through SCM_RIGHTS):
 	local := cuda.Shareable(3, cuda.ShareableSize(sh))
-	fmt.Println(cuda.ShareableFD(local), cuda.ShareableSize(local)>>20, "MiB")
+	fmt.Println(cuda.BorrowedFD(local), cuda.ShareableSize(local)>>20, "MiB")
 	// Output:
 	// 7 20 MiB
 	// 3 20 MiB

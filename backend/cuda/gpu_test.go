@@ -81,6 +81,15 @@ func TestGPUIntegrity(t *testing.T) {
 	}
 }
 
+// TestGPUShareableFile shares a handle with a child process through a
+// duplicate of its exported POSIX fd (Driver.ShareableFile), on the driver
+// the check runs against (exchangeWithChild).
+func TestGPUShareableFile(t *testing.T) {
+	d := gpuDriver(t)
+	fd := exchangeWithChild(t, d)
+	fmt.Printf("GPUCHECK ipc: a child process imported, read and wrote a handle through a duplicate of exported fd %d\n", fd)
+}
+
 // TestGPULatency times each VMM primitive over at least 1,000 calls of one
 // granule on device 0 and prints the median and 99th percentile.
 func TestGPULatency(t *testing.T) {

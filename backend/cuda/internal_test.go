@@ -73,7 +73,7 @@ func TestShareableRoundTrip(t *testing.T) {
 		size uint64
 	}{{3, 2 << 20}, {0, ShareUnit}, {1<<31 - 1, 80 << 30}} {
 		sh := Shareable(c.fd, c.size)
-		assert.Equal(t, c.fd, ShareableFD(sh))
+		assert.Equal(t, c.fd, BorrowedFD(sh))
 		assert.Equal(t, c.size, ShareableSize(sh))
 	}
 }

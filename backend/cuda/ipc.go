@@ -3,6 +3,7 @@
 package cuda
 
 import (
+	"os"
 	"syscall"
 	"unsafe"
 
@@ -23,10 +24,19 @@ import (
 // Shareable(fd, size) before calling Import. Holding the fd is the access
 // control: CUDA has no pid whitelist, so SetPids only checks its argument.
 //
-// The exporting Driver owns the fd Export returns and closes it when the
-// handle's last reference is freed (or at Close). Import does not take the
-// caller's fd: the driver keeps its own reference to the memory, and the
-// caller closes its fd when it likes.
+// Ownership of the fd is explicit:
+//
+//   - The exporting Driver owns the fd inside the shareable Export returns
+//     and closes it when the handle's last reference is freed (or at
+//     Close). BorrowedFD reads that number: a borrowed fd, good only while
+//     the handle is exported and held, which the caller must never close or
+//     wrap in an *os.File (whose finalizer would close it at some later
+//     garbage collection, by then perhaps the fd of other memory).
+//   - ShareableFile gives the exporter an fd of its own: a duplicate, as an
+//     *os.File the caller closes when it likes (after handing it to a child
+//     process, say), independent of the handle's life in the Driver.
+//   - Import does not take the importer's fd: the driver keeps its own
+//     reference to the memory, and the importer closes its fd when it likes.
 
 // ShareUnit is the unit of the size field of a shareable handle.
 const ShareUnit = 64 << 10
@@ -37,13 +47,45 @@ func Shareable(fd int, size uint64) uint64 {
 	return size/ShareUnit<<32 | uint64(uint32(fd))
 }
 
-// ShareableFD and ShareableSize take a shareable handle apart.
-func ShareableFD(sh uint64) int { return int(int32(uint32(sh))) }
+// BorrowedFD is the fd number inside a shareable handle. On the exporting
+// side the fd belongs to the Driver that exported it, which closes it when
+// the handle is freed: the number is borrowed, valid only while the handle
+// is exported and held, for a call that copies it at once (SCM_RIGHTS,
+// cmd.ExtraFiles through ShareableFile). Never close it, and never wrap it
+// in an *os.File: use ShareableFile for an fd of one's own.
+func BorrowedFD(sh uint64) int { return int(int32(uint32(sh))) }
 
 // ShareableSize is the size in bytes a shareable handle carries.
 func ShareableSize(sh uint64) uint64 { return sh >> 32 * ShareUnit }
 
 func closeFD(fd int) error { return syscall.Close(fd) }
+
+// ShareableFile returns a duplicate of the fd inside shareable handle sh,
+// which d exported and still holds, as an *os.File the caller owns: the
+// caller closes it (or lets its finalizer do so), and d's own fd is not
+// affected. It stays open after d frees the handle. It fails with
+// backend.ErrInvalidArgument when sh is not a live export of d (the handle
+// was freed, and its fd number may name another file now).
+func (d *Driver) ShareableFile(sh uint64) (*os.File, error) {
+	const op = backend.OpExport
+	if err := d.lockOpen(op); err != nil {
+		return nil, err
+	}
+	defer d.mu.Unlock() // FreePhysical cannot close the fd while it is duplicated
+	fd := BorrowedFD(sh)
+	h, ok := d.exports[uint64(fd)]
+	if !ok || fd < 0 {
+		return nil, invalid(op, "", "%#x is not a live shareable handle of this process", sh)
+	}
+	if x := d.handles[h]; x == nil || ShareableSize(sh) != x.size {
+		return nil, invalid(op, "", "%#x does not carry the size of handle %#x", sh, uint64(h))
+	}
+	dup, _, errno := syscall.Syscall(syscall.SYS_FCNTL, uintptr(fd), syscall.F_DUPFD_CLOEXEC, 0)
+	if errno != 0 {
+		return nil, backend.Errorf(op, backend.ErrOutOfMemory, "", "duplicating fd %d: %v", fd, errno)
+	}
+	return os.NewFile(dup, "cuda-shareable"), nil
+}
 
 // fileID names the open file behind an fd (st_dev, st_ino): the same
 // memory imported through two fds of one file is one import (R15).
@@ -95,7 +137,7 @@ func (d *Driver) SetPids(shareable uint64, pids []int32) error {
 		return err
 	}
 	defer d.mu.Unlock()
-	if _, ok := d.exports[uint64(ShareableFD(shareable))]; !ok {
+	if _, ok := d.exports[uint64(BorrowedFD(shareable))]; !ok {
 		return invalid(op, "R16", "%#x is not a shareable handle of this process", shareable)
 	}
 	return nil
@@ -106,7 +148,7 @@ func (d *Driver) SetPids(shareable uint64, pids []int32) error {
 // exported (R17); dev must be the device the memory lives on.
 func (d *Driver) Import(shareable uint64, dev int) (backend.Handle, error) {
 	const op = backend.OpImport
-	fd, size := ShareableFD(shareable), ShareableSize(shareable)
+	fd, size := BorrowedFD(shareable), ShareableSize(shareable)
 	if !d.validDevice(dev) {
 		return 0, invalid(op, "R17", "device %d out of range [0,%d)", dev, len(d.devs))
 	}

@@ -28,6 +28,15 @@
  * Control entry points (fakeacl_*) set capacity, devices, granularity and the
  * pid, inject a failure at the Nth call of a symbol, and count live objects.
  *
+ * A phys's memfd is a number in the fd table the process shares with the
+ * code under test: code that closes an fd it does not own can close it, and
+ * the next memfd_create reuses the number, so the handle would silently map
+ * other memory. Each phys records its memfd's st_dev and st_ino at create
+ * and checks them at every map, export and free: a changed or closed backing
+ * fails the call with ACL_ERROR_RT_INTERNAL_ERROR, prints why on stderr and
+ * is counted for fakeacl_backing_errors. A free still drops the handle, but
+ * the double never closes an fd that is no longer its own.
+ *
  * One mutex (mu) guards all state of this copy. Calls into another copy
  * (peer lookup, phys release) are made without holding mu.
  *
@@ -36,11 +45,14 @@
  */
 #define _GNU_SOURCE
 #include <errno.h>
+#include <fcntl.h>
 #include <pthread.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 typedef int aclError;
@@ -93,6 +105,8 @@ enum { HOSTREG_MAPPED = 0, HOSTREG_IOMEMORY = 4, HOSTREG_READONLY = 8 };
  * device's capacity until the last reference is dropped through unref. */
 struct phys {
 	int fd;
+	dev_t fd_dev; /* st_dev and st_ino of fd at create: the backing */
+	ino_t fd_ino;
 	uint64_t size;
 	int dev;   /* physical device of the owner's allocation */
 	int attr;  /* aclrtMemAttr */
@@ -171,6 +185,8 @@ static struct hostreg *hostregs;
 static lookup_fn peers[8];
 static int npeers;
 static long long calls;
+static long long backing_errors; /* phys found with a changed backing */
+static char backing_why[256];    /* the first such finding since cleared */
 
 /* fault injection: the nth call (1-based) of symbol fail_sym returns code */
 static char fail_sym[64];
@@ -272,12 +288,34 @@ static void unlink_handle(struct handle *h) {
 		if (*pp == h) { *pp = h->next; return; }
 }
 
+/* backing_ok reports whether p's fd still names the memfd it was created
+ * with. If not, someone closed the double's fd and the number may now name
+ * other memory: it says so on stderr and counts it. Called with mu held. */
+static int backing_ok(struct phys *p, const char *call) {
+	struct stat st;
+	if (fstat(p->fd, &st) == 0 && st.st_dev == p->fd_dev && st.st_ino == p->fd_ino)
+		return 1;
+	char why[sizeof backing_why];
+	if (fcntl(p->fd, F_GETFD) < 0)
+		snprintf(why, sizeof why, "%s: physical memory %p: its memfd (fd %d) was closed behind the double's back",
+			call, (void *)p, p->fd);
+	else
+		snprintf(why, sizeof why, "%s: physical memory %p: its fd %d now names another file (inode %llu, was %llu): "
+			"its memfd was closed behind the double's back and the number reused",
+			call, (void *)p, p->fd, (unsigned long long)st.st_ino, (unsigned long long)p->fd_ino);
+	fprintf(stderr, "fakeacl: BACKING CHANGED: %s (a caller closed a file descriptor it does not own)\n", why);
+	if (backing_errors++ == 0)
+		memcpy(backing_why, why, sizeof why);
+	return 0;
+}
+
 /* phys_unref drops one reference; the owner frees the memfd and gives the
  * capacity back with the last one. Called without mu held. */
 static void phys_unref(struct phys *p) {
 	pthread_mutex_lock(&mu);
 	if (--p->refs == 0) {
-		close(p->fd);
+		if (backing_ok(p, "free")) /* never close an fd that is not ours any more */
+			close(p->fd);
 		used[p->dev] -= p->size;
 		free(p);
 	}
@@ -368,6 +406,24 @@ void fakeacl_live(int64_t out[8], uint64_t used_out[MAXDEV]) {
 	for (int i = 0; i < MAXDEV; i++) used_out[i] = used[i];
 	pthread_mutex_unlock(&mu);
 }
+/* fakeacl_backing_errors returns how many times a phys was found whose
+ * memfd had been closed or replaced behind the double's back, and copies the
+ * first finding into why (n bytes, NUL terminated); clear forgets them. */
+long long fakeacl_backing_errors(char *why, size_t n, int clear) {
+	pthread_mutex_lock(&mu);
+	long long c = backing_errors;
+	if (why && n > 0) {
+		strncpy(why, backing_why, n - 1);
+		why[n - 1] = 0;
+	}
+	if (clear) {
+		backing_errors = 0;
+		backing_why[0] = 0;
+	}
+	pthread_mutex_unlock(&mu);
+	return c;
+}
+
 long long fakeacl_calls(void) {
 	pthread_mutex_lock(&mu);
 	long long n = calls;
@@ -530,8 +586,13 @@ aclError aclrtMallocPhysical(void **out, size_t size, const aclrtPhysicalMemProp
 		free(p), free(h), close(fd);
 		RET(ACL_ERROR_BAD_ALLOC);
 	}
-	*p = (struct phys){.fd = fd, .size = size, .dev = d, .attr = prop->memAttr,
-		.loctype = prop->location.type, .refs = 1, .unref = phys_unref};
+	struct stat st;
+	if (fstat(fd, &st) != 0) {
+		free(p), free(h), close(fd);
+		RET(ACL_ERROR_RT_INTERNAL_ERROR);
+	}
+	*p = (struct phys){.fd = fd, .fd_dev = st.st_dev, .fd_ino = st.st_ino, .size = size, .dev = d,
+		.attr = prop->memAttr, .loctype = prop->location.type, .refs = 1, .unref = phys_unref};
 	*h = (struct handle){.next = handles, .phys = p, .refs = 1, .dev = d};
 	handles = h;
 	used[d] += size;
@@ -544,12 +605,13 @@ aclError aclrtFreePhysical(void *hp) {
 	struct handle *h = find_handle(hp);
 	CHECK(h != NULL && h->refs > 0, ACL_ERROR_INVALID_PARAM);
 	CHECK(need_ctx() == 0, ACL_ERROR_RT_CONTEXT_NULL);
+	int ok = backing_ok(h->phys, "aclrtFreePhysical");
 	struct phys *p = NULL;
 	if (--h->refs == 0 && h->maps == 0) /* R3: deferred while mapped */
 		p = handle_drop(h);
 	pthread_mutex_unlock(&mu);
 	if (p) p->unref(p);
-	return ACL_SUCCESS;
+	return ok ? ACL_SUCCESS : ACL_ERROR_RT_INTERNAL_ERROR;
 }
 
 aclError aclrtMemGetAllocationPropertiesFromHandle(void *hp, aclrtPhysicalMemProp *prop) {
@@ -623,6 +685,7 @@ aclError aclrtMapMem(void *vp, size_t size, size_t offset, void *hp, uint64_t fl
 		CHECK(va + size <= m->va || m->va + m->size <= va, ACL_ERROR_INVALID_PARAM);
 	/* R7: one device, and local or imported, per reservation */
 	CHECK(r->maps == 0 || (r->dev == h->dev && r->imported == h->imported), ACL_ERROR_INVALID_PARAM);
+	CHECK(backing_ok(h->phys, "aclrtMapMem"), ACL_ERROR_RT_INTERNAL_ERROR);
 	struct mapping *m = calloc(1, sizeof *m);
 	CHECK(m != NULL, ACL_ERROR_BAD_ALLOC);
 	/* R8: inaccessible until aclrtMemSetAccess */
@@ -729,6 +792,7 @@ aclError aclrtMemExportToShareableHandle(void *hp, int32_t type, uint64_t flags,
 	CHECK(h != NULL && h->refs > 0 && out != NULL, ACL_ERROR_INVALID_PARAM);
 	CHECK(type == 0 && flags <= 1, ACL_ERROR_INVALID_PARAM);
 	CHECK(!h->imported && h->shareable == 0, ACL_ERROR_INVALID_PARAM); /* R15: 1:1 */
+	CHECK(backing_ok(h->phys, "aclrtMemExportToShareableHandle"), ACL_ERROR_RT_INTERNAL_ERROR);
 	struct export *x = calloc(1, sizeof *x);
 	CHECK(x != NULL, ACL_ERROR_BAD_ALLOC);
 	x->sh = ((uint64_t)(uint32_t)pid << 32) | ++next_sh;

@@ -19,6 +19,15 @@
 // current context, and held streams whose work (and so the events recorded
 // after it) stays pending until the test completes it.
 //
+// The double's memfds share the fd table with the code under test, so code
+// that closes an fd it does not own can close one, and the next handle
+// created reuses the number: a cached handle mapped again would then map
+// another handle's memory. The double records each memfd's device and inode
+// at create and import and checks them at every map, export and release: a
+// handle whose backing changed fails the call with CUDA_ERROR_ILLEGAL_STATE
+// (401), a message on stderr says what happened, and BackingError reports
+// it until the next Reset.
+//
 // Build compiles the double with the system C compiler ($CC, else cc) into
 // a directory as libcuda.so.1; Open loads its control entry points. The
 // double's state is per process: tests that use it share one library, so
@@ -32,6 +41,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strings"
 	"sync"
 	"unsafe"
 
@@ -111,7 +121,7 @@ type Live struct {
 // Double is the control interface of a loaded double.
 type Double struct {
 	reset, setCapacity, setDevices, setGran, requireCtx, fail, calls, live uintptr
-	hold, launch, complete                                                 uintptr
+	hold, launch, complete, backingErrors                                  uintptr
 }
 
 // Open loads the double at path (the library the binding loads too: dlopen
@@ -131,6 +141,7 @@ func Open(path string) (*Double, error) {
 		{"fakecu_require_context", &d.requireCtx}, {"fakecu_fail", &d.fail},
 		{"fakecu_calls", &d.calls}, {"fakecu_live", &d.live},
 		{"fakecu_hold", &d.hold}, {"fakecu_launch", &d.launch}, {"fakecu_complete", &d.complete},
+		{"fakecu_backing_errors", &d.backingErrors},
 	} {
 		if *s.p, err = purego.Dlsym(h, s.name); err != nil {
 			return nil, fmt.Errorf("cudatest: %s is not the test double: %w", path, err)
@@ -213,6 +224,27 @@ func (d *Double) streamCtl(fn uintptr, args ...uintptr) error {
 		return fmt.Errorf("cudatest: unknown stream %#x", args[0])
 	}
 	return nil
+}
+
+// ErrBackingChanged is what BackingError wraps: a handle of the double
+// whose memfd was closed, or closed and its number reused, by code that
+// does not own it.
+var ErrBackingChanged = errors.New("cudatest: a handle's memfd was closed or replaced behind the double's back (a test closed a file descriptor it does not own)")
+
+// BackingError reports, since the last Reset, the handles the double found
+// with a changed backing (at a map, export, release or Reset), naming the
+// first; nil if none. Tests check it when they end.
+func (d *Double) BackingError() error {
+	var why [256]byte
+	n, _, _ := purego.SyscallN(d.backingErrors, uintptr(unsafe.Pointer(&why[0])), uintptr(len(why)))
+	if int64(n) == 0 {
+		return nil
+	}
+	msg := string(why[:])
+	if i := strings.IndexByte(msg, 0); i >= 0 {
+		msg = msg[:i]
+	}
+	return fmt.Errorf("%w: %d found, the first at %s", ErrBackingChanged, int64(n), msg)
 }
 
 // Live counts the double's live objects.

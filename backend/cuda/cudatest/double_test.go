@@ -3,7 +3,12 @@
 package cudatest_test
 
 import (
+	"errors"
+	"os"
 	"runtime"
+	"strconv"
+	"strings"
+	"syscall"
 	"testing"
 	"unsafe"
 
@@ -156,4 +161,140 @@ func TestRules(t *testing.T) {
 	assert.Error(t, dbl.Fail("nosuch", 1, 1))
 	dbl.Reset()
 	assert.Equal(t, cudatest.Live{}, dbl.Live(), "Reset drops everything")
+}
+
+// memfds lists the double's memfds open in this process, by fd number.
+func memfds(t *testing.T) map[int]bool {
+	t.Helper()
+	ents, err := os.ReadDir("/proc/self/fd")
+	if err != nil {
+		t.Skipf("no /proc/self/fd: %v", err)
+	}
+	out := map[int]bool{}
+	for _, e := range ents {
+		target, err := os.Readlink("/proc/self/fd/" + e.Name())
+		if err != nil || !strings.HasPrefix(target, "/memfd:fakecu-dev") {
+			continue
+		}
+		fd, err := strconv.Atoi(e.Name())
+		require.NoError(t, err)
+		out[fd] = true
+	}
+	return out
+}
+
+// createWithFD creates a handle of g bytes and returns it with the number
+// of the memfd behind it, found as the one memfd that appeared.
+func createWithFD(t *testing.T, x c) (uint64, int) {
+	t.Helper()
+	before := memfds(t)
+	var h uint64
+	pr := devProp()
+	require.Zero(t, x.call("cuMemCreate", p(&h), g, p(&pr), 0))
+	var fds []int
+	for fd := range memfds(t) {
+		if !before[fd] {
+			fds = append(fds, fd)
+		}
+	}
+	require.Len(t, fds, 1, "one new memfd per handle")
+	return h, fds[0]
+}
+
+// TestBackingChanged: a handle whose memfd someone else closed (as a stray
+// os.File finalizer does), and whose fd number a new handle then reuses, is
+// refused at map, export and release with CUDA_ERROR_ILLEGAL_STATE and
+// reported by BackingError, instead of mapping the other handle's memory;
+// Reset does not close the fd that now belongs to the other handle.
+func TestBackingChanged(t *testing.T) {
+	for _, reused := range []bool{false, true} {
+		for _, call := range []string{"cuMemMap", "cuMemExportToShareableHandle", "cuMemRelease"} {
+			name := call + "/closed"
+			if reused {
+				name = call + "/reused"
+			}
+			t.Run(name, func(t *testing.T) {
+				x, dbl := open(t)
+				defer dbl.Reset()
+				var va, sh uint64
+				require.Zero(t, x.call("cuMemAddressReserve", p(&va), 2*g, 0, 0, 0))
+				h, fd := createWithFD(t, x)
+				require.NoError(t, dbl.BackingError())
+				require.NoError(t, syscall.Close(fd)) // what the stray finalizer does
+				var other uint64
+				if reused {
+					var ofd int
+					other, ofd = createWithFD(t, x)
+					require.Equal(t, fd, ofd, "the kernel hands out the lowest free number")
+				}
+				var rc int
+				switch call {
+				case "cuMemMap":
+					rc = x.call(call, uintptr(va), g, 0, uintptr(h), 0)
+				case "cuMemExportToShareableHandle":
+					rc = x.call(call, p(&sh), uintptr(h), 1, 0)
+				case "cuMemRelease":
+					rc = x.call(call, uintptr(h))
+				}
+				assert.Equal(t, 401, rc, "CUDA_ERROR_ILLEGAL_STATE")
+				err := dbl.BackingError()
+				require.ErrorIs(t, err, cudatest.ErrBackingChanged)
+				assert.Contains(t, err.Error(), call)
+				if reused {
+					assert.Contains(t, err.Error(), "now names another file")
+					// The other handle is intact and maps its own memory.
+					require.Zero(t, x.call("cuMemMap", uintptr(va)+g, g, 0, uintptr(other), 0))
+					require.Zero(t, x.call("cuMemUnmap", uintptr(va)+g, g))
+					require.Zero(t, x.call("cuMemRelease", uintptr(other)))
+					assert.False(t, memfds(t)[fd], "releasing the other handle closed its memfd")
+				} else {
+					assert.Contains(t, err.Error(), "was closed")
+				}
+				// Reset drops the broken handle without closing its fd
+				// number, and reports it until the next Reset.
+				keep, err := os.Open(os.DevNull) // takes the lowest free number: fd
+				require.NoError(t, err)
+				defer keep.Close()
+				require.Equal(t, uintptr(fd), keep.Fd())
+				dbl.Reset()
+				var st syscall.Stat_t
+				require.NoError(t, syscall.Fstat(fd, &st), "Reset closed an fd the double no longer owns")
+				require.ErrorIs(t, dbl.BackingError(), cudatest.ErrBackingChanged)
+				dbl.Reset()
+				require.NoError(t, dbl.BackingError())
+			})
+		}
+	}
+}
+
+// TestCapacityBeforeFirstCall: a capacity set before the process's first
+// driver call is the capacity the driver reports (the defaults are set when
+// the library loads, not at the first call).
+func TestCapacityBeforeFirstCall(t *testing.T) {
+	path, err := cudatest.Build(t.TempDir()) // a fresh copy: no call made yet
+	if errors.Is(err, cudatest.ErrNoCompiler) {
+		t.Skip(err)
+	}
+	require.NoError(t, err)
+	dbl, err := cudatest.Open(path)
+	require.NoError(t, err)
+	require.NoError(t, dbl.SetCapacity(0, 256<<20))
+	require.NoError(t, dbl.SetCapacity(1, 96<<20))
+	lib, err := purego.Dlopen(path, purego.RTLD_NOW|purego.RTLD_LOCAL)
+	require.NoError(t, err)
+	x := c{t, lib}
+	require.Zero(t, x.call("cuInit", 0))
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	for dev, want := range []uint64{256 << 20, 96 << 20} {
+		var ctx uintptr
+		require.Zero(t, x.call("cuDevicePrimaryCtxRetain", uintptr(unsafe.Pointer(&ctx)), uintptr(dev)))
+		require.Zero(t, x.call("cuCtxSetCurrent", ctx))
+		var free, total uint64
+		require.Zero(t, x.call("cuMemGetInfo_v2", p(&free), p(&total)))
+		assert.Equal(t, want, total, "device %d", dev)
+		assert.Equal(t, want, free, "device %d", dev)
+		require.Zero(t, x.call("cuCtxSetCurrent", 0))
+		require.Zero(t, x.call("cuDevicePrimaryCtxRelease_v2", uintptr(dev)))
+	}
 }

@@ -20,6 +20,17 @@
  * deferred while mapped, retain references, per-device capacity, strict prop
  * checks, and per-thread current contexts.
  *
+ * A handle's memfd is a number in the process's fd table, which the process
+ * shares with the code under test: code that closes an fd it does not own
+ * (a stray os.File finalizer, a double close) can close a handle's memfd,
+ * and the next memfd_create reuses the number, so the handle would silently
+ * map another handle's memory. Each handle records its memfd's st_dev and
+ * st_ino at create (or import) and checks them at every map, export and
+ * release: a changed or closed backing fails the call with
+ * CUDA_ERROR_ILLEGAL_STATE (401), prints why on stderr, and is counted for
+ * fakecu_backing_errors; the double never closes an fd that is no longer its
+ * own.
+ *
  * All declarations are written from the public driver API documentation; no
  * vendor header is used. Control entry points are prefixed fakecu_. One
  * global mutex serialises every call (nothing here blocks).
@@ -76,6 +87,7 @@ enum {
 	CUDA_ERROR_INVALID_DEVICE = 101,
 	CUDA_ERROR_INVALID_CONTEXT = 201,
 	CUDA_ERROR_INVALID_HANDLE = 400,
+	CUDA_ERROR_ILLEGAL_STATE = 401,
 	CUDA_ERROR_NOT_FOUND = 500,
 	CUDA_ERROR_NOT_READY = 600,
 	CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED = 712,
@@ -145,6 +157,8 @@ struct ctx {
 struct handle {
 	struct handle *next;
 	int fd;
+	dev_t fdDev;  /* st_dev and st_ino of fd at create/import: the backing */
+	ino_t fdIno;
 	size_t size;
 	int refs;     /* creation/import + retains; 0: released, kept while mapped */
 	int maps;     /* live mappings */
@@ -215,6 +229,8 @@ static struct fault faults[MAXFAULTS];
 static int nfaults;
 static long long calls[NSYM];
 static int guardPattern = 1;
+static long long backingErrors;  /* handles found with a changed backing */
+static char backingWhy[256];     /* the first such finding since reset */
 
 static void setDefaults(void) {
 	for (int i = 0; i < MAXDEV; i++) {
@@ -223,14 +239,13 @@ static void setDefaults(void) {
 	}
 }
 
+/* The defaults are in place when the library is loaded, before any control
+ * or driver call: a capacity set before the first driver call stays. */
+__attribute__((constructor)) static void initDefaults(void) { setDefaults(); }
+
 /* enter counts the call, applies injected faults and the context rule. It
  * returns 0 to go on, or the code to fail with. Called with mu held. */
 static int enter(int sym) {
-	static int once;
-	if (!once) {
-		setDefaults();
-		once = 1;
-	}
 	calls[sym]++;
 	for (int i = 0; i < nfaults; i++) {
 		if (faults[i].sym == sym && --faults[i].nth == 0) {
@@ -292,6 +307,38 @@ static int overlapsMapping(uintptr_t va, size_t size) {
 	return 0;
 }
 
+/* backingOK reports whether h's fd still names the memfd it was created
+ * (or imported) with. If not, someone closed the double's fd and the number
+ * may now name other memory: it says so on stderr and counts it. */
+static int backingOK(struct handle *h, const char *call) {
+	struct stat st;
+	if (fstat(h->fd, &st) == 0 && st.st_dev == h->fdDev && st.st_ino == h->fdIno)
+		return 1;
+	char why[sizeof backingWhy];
+	if (fcntl(h->fd, F_GETFD) < 0)
+		snprintf(why, sizeof why, "%s: handle %#llx: its memfd (fd %d) was closed behind the double's back",
+		         call, (unsigned long long)(uintptr_t)h, h->fd);
+	else
+		snprintf(why, sizeof why, "%s: handle %#llx: its fd %d now names another file (inode %llu, was %llu): "
+		         "its memfd was closed behind the double's back and the number reused",
+		         call, (unsigned long long)(uintptr_t)h, h->fd, (unsigned long long)st.st_ino,
+		         (unsigned long long)h->fdIno);
+	fprintf(stderr, "fakecuda: BACKING CHANGED: %s (a caller closed a file descriptor it does not own)\n", why);
+	if (backingErrors++ == 0)
+		memcpy(backingWhy, why, sizeof why);
+	return 0;
+}
+
+/* recordBacking remembers what fd names, for backingOK. */
+static int recordBacking(struct handle *h) {
+	struct stat st;
+	if (fstat(h->fd, &st) != 0)
+		return 0;
+	h->fdDev = st.st_dev;
+	h->fdIno = st.st_ino;
+	return 1;
+}
+
 static void dropHandle(struct handle *h) {
 	if (h->refs > 0 || h->maps > 0)
 		return;
@@ -301,7 +348,8 @@ static void dropHandle(struct handle *h) {
 	*pp = h->next;
 	if (!h->imported)
 		used[h->dev] -= h->size;
-	close(h->fd);
+	if (backingOK(h, "release")) /* never close an fd that is not ours any more */
+		close(h->fd);
 	free(h);
 }
 
@@ -505,6 +553,11 @@ CUresult cuMemCreate(CUmemGenericAllocationHandle *h, size_t size, const CUmemAl
 	}
 	struct handle *x = calloc(1, sizeof *x);
 	x->fd = fd;
+	if (!recordBacking(x)) {
+		close(fd);
+		free(x);
+		RETURN(CUDA_ERROR_OUT_OF_MEMORY);
+	}
 	x->size = size;
 	x->refs = 1;
 	x->dev = dev;
@@ -521,6 +574,8 @@ CUresult cuMemRelease(CUmemGenericAllocationHandle h) {
 	struct handle *x = findHandle(h);
 	if (!x)
 		RETURN(CUDA_ERROR_INVALID_VALUE);
+	if (!backingOK(x, "cuMemRelease"))
+		RETURN(CUDA_ERROR_ILLEGAL_STATE);
 	x->refs--;
 	dropHandle(x); /* deferred while mapped */
 	RETURN(CUDA_SUCCESS);
@@ -536,6 +591,8 @@ CUresult cuMemMap(CUdeviceptr ptr, size_t size, size_t offset, CUmemGenericAlloc
 	    offset > x->size || size > x->size - offset || !findReservation(ptr, size) ||
 	    overlapsMapping(ptr, size))
 		RETURN(CUDA_ERROR_INVALID_VALUE);
+	if (!backingOK(x, "cuMemMap"))
+		RETURN(CUDA_ERROR_ILLEGAL_STATE);
 	void *p = mmap((void *)(uintptr_t)ptr, size, PROT_NONE, MAP_SHARED | MAP_FIXED, x->fd, (off_t)offset);
 	if (p == MAP_FAILED)
 		RETURN(CUDA_ERROR_OUT_OF_MEMORY);
@@ -655,6 +712,8 @@ CUresult cuMemExportToShareableHandle(void *out, CUmemGenericAllocationHandle h,
 		RETURN(CUDA_ERROR_INVALID_VALUE);
 	if (type != 1 || !(x->prop.requestedHandleTypes & 1))
 		RETURN(CUDA_ERROR_NOT_SUPPORTED);
+	if (!backingOK(x, "cuMemExportToShareableHandle"))
+		RETURN(CUDA_ERROR_ILLEGAL_STATE);
 	int fd = fcntl(x->fd, F_DUPFD_CLOEXEC, 0);
 	if (fd < 0)
 		RETURN(CUDA_ERROR_OUT_OF_MEMORY);
@@ -684,6 +743,11 @@ CUresult cuMemImportFromShareableHandle(CUmemGenericAllocationHandle *h, void *o
 		RETURN(CUDA_ERROR_OUT_OF_MEMORY);
 	struct handle *x = calloc(1, sizeof *x);
 	x->fd = own;
+	if (!recordBacking(x)) {
+		close(own);
+		free(x);
+		RETURN(CUDA_ERROR_INVALID_VALUE);
+	}
 	x->size = (size_t)st.st_size;
 	x->refs = 1;
 	x->dev = dev;
@@ -1015,10 +1079,13 @@ void fakecu_reset(void) {
 		munmap((void *)r->va, r->size);
 		free(r);
 	}
+	backingErrors = 0;
+	backingWhy[0] = 0;
 	while (handles) {
 		struct handle *h = handles;
 		handles = h->next;
-		close(h->fd);
+		if (backingOK(h, "fakecu_reset"))
+			close(h->fd);
 		free(h);
 	}
 	while (streams) {
@@ -1155,6 +1222,21 @@ int fakecu_complete(CUstream s, int n) {
 	}
 	pthread_mutex_unlock(&mu);
 	return x ? 0 : -1;
+}
+
+/* fakecu_backing_errors returns how many times since the last reset a
+ * handle was found whose memfd had been closed or replaced behind the
+ * double's back, and copies the first finding into why (n bytes, NUL
+ * terminated). */
+long long fakecu_backing_errors(char *why, size_t n) {
+	pthread_mutex_lock(&mu);
+	long long c = backingErrors;
+	if (why && n > 0) {
+		strncpy(why, backingWhy, n - 1);
+		why[n - 1] = 0;
+	}
+	pthread_mutex_unlock(&mu);
+	return c;
 }
 
 /* fakecu_live fills out[0..7] with the live objects: reservations, mappings,
