@@ -144,3 +144,5 @@ func PeakLive(ivs []Interval, align uint64) uint64 {
 	}
 	return peakLo
 }
+
+func trailingZeros(w uint64) int { return bits.TrailingZeros64(w) }
