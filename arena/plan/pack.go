@@ -3,8 +3,8 @@ package plan
 import (
 	"cmp"
 	"math"
+	"math/bits"
 	"slices"
-	"sort"
 )
 
 // Pack returns an offset for each interval, each a multiple of align (a
@@ -181,27 +181,115 @@ func (p *packer) greedy(order []int32, limit uint64) (size uint64, bad int32, ok
 	return size, -1, true
 }
 
-func (p *packer) run() ([]uint64, uint64, error) {
+// improvePlacements bounds the placements the improvement passes make
+// together (at least two passes, at most maxImprovePasses).
+const (
+	improvePlacements = 1 << 17
+	maxImprovePasses  = 64
+)
+
+// orderings returns the initial orders tried, best first: decreasing size
+// (ties: longer lifetime first), decreasing lifetime (ties: larger first),
+// and decreasing area (size × lifetime).
+func (p *packer) orderings() [][]int32 {
 	n := len(p.ivs)
-	order := make([]int32, n)
-	for i := range order {
-		order[i] = int32(i)
-	}
 	life := func(i int32) uint64 { return p.ivs[i].Death - p.ivs[i].Birth }
-	slices.SortFunc(order, func(a, b int32) int {
-		if c := cmp.Compare(p.sizes[b], p.sizes[a]); c != 0 {
+	bySize := func(a, b int32) int { return cmp.Compare(p.sizes[b], p.sizes[a]) }
+	byLife := func(a, b int32) int { return cmp.Compare(life(b), life(a)) }
+	byArea := func(a, b int32) int {
+		ah, al := bits.Mul64(p.sizes[a], life(a))
+		bh, bl := bits.Mul64(p.sizes[b], life(b))
+		if c := cmp.Compare(bh, ah); c != 0 {
 			return c
 		}
-		if c := cmp.Compare(life(b), life(a)); c != 0 {
-			return c
-		}
-		return cmp.Compare(a, b)
-	})
-	size, bad, ok := p.greedy(order, math.MaxUint64)
-	if !ok && bad >= 0 {
-		return nil, 0, &IntervalError{Index: int(bad), Interval: p.ivs[bad], Err: ErrOverflow}
+		return cmp.Compare(bl, al)
 	}
-	return p.offsets, size, nil
+	sorted := func(keys ...func(a, b int32) int) []int32 {
+		o := make([]int32, n)
+		for i := range o {
+			o[i] = int32(i)
+		}
+		slices.SortFunc(o, func(a, b int32) int {
+			for _, k := range keys {
+				if c := k(a, b); c != 0 {
+					return c
+				}
+			}
+			return cmp.Compare(a, b)
+		})
+		return o
+	}
+	return [][]int32{sorted(bySize, byLife), sorted(byLife, bySize), sorted(byArea, bySize)}
 }
 
-var _ = sort.Search
+// search is the best packing found so far.
+type search struct {
+	p       *packer
+	offsets []uint64 // nil until a pass completes
+	size    uint64   // its region size; MaxUint64 before
+	order   []int32  // the order that produced it
+	bad     int32    // an interval the first overflowing pass failed on, or -1
+}
+
+// try packs in order and keeps the result if it is no larger than the
+// best; it reports whether it kept it.
+func (s *search) try(order []int32) bool {
+	size, bad, ok := s.p.greedy(order, s.size)
+	if !ok {
+		if bad >= 0 && s.bad < 0 {
+			s.bad = bad
+		}
+		return false
+	}
+	if s.offsets == nil {
+		s.offsets = make([]uint64, len(order))
+	}
+	copy(s.offsets, s.p.offsets)
+	s.size, s.order = size, order
+	return true
+}
+
+// improve moves, in the best order, the interval that first reached the
+// region's top earlier (halfway to the front, then to the front) and packs
+// again, keeping any packing no larger, for at most passes passes or until
+// the size reaches the lower bound or neither move is kept.
+func (s *search) improve(passes int) {
+	for passes > 0 && s.size > s.p.lower {
+		pos := slices.IndexFunc(s.order, func(i int32) bool { return s.offsets[i]+s.p.sizes[i] == s.size })
+		kept := false
+		for _, to := range []int{pos / 2, 0} {
+			if to == pos || passes == 0 || kept {
+				continue
+			}
+			passes--
+			kept = s.try(moveEarlier(s.order, pos, to))
+		}
+		if !kept {
+			return
+		}
+	}
+}
+
+// moveEarlier returns a copy of order with the element at pos moved to to
+// (to <= pos).
+func moveEarlier(order []int32, pos, to int) []int32 {
+	out := make([]int32, 0, len(order))
+	out = append(out, order[:to]...)
+	out = append(out, order[pos])
+	out = append(out, order[to:pos]...)
+	return append(out, order[pos+1:]...)
+}
+
+func (p *packer) run() ([]uint64, uint64, error) {
+	s := search{p: p, size: math.MaxUint64, bad: -1}
+	for _, order := range p.orderings() {
+		if s.try(order); s.size == p.lower {
+			return s.offsets, s.size, nil
+		}
+	}
+	if s.offsets == nil {
+		return nil, 0, &IntervalError{Index: int(s.bad), Interval: p.ivs[s.bad], Err: ErrOverflow}
+	}
+	s.improve(min(maxImprovePasses, max(2, improvePlacements/len(p.ivs))))
+	return s.offsets, s.size, nil
+}
