@@ -219,7 +219,48 @@ func (p *packer) orderings() [][]int32 {
 		})
 		return o
 	}
-	return [][]int32{sorted(bySize, byLife), sorted(byLife, bySize), sorted(byArea, bySize)}
+	crowd := p.contention()
+	byCrowd := func(a, b int32) int { return cmp.Compare(crowd[b], crowd[a]) }
+	return [][]int32{sorted(bySize, byLife), sorted(byLife, bySize), sorted(byArea, bySize), sorted(byCrowd, bySize, byLife)}
+}
+
+// contention returns, for each interval, the most bytes live at any slot
+// of its lifetime (saturating): the intervals of the most crowded instants
+// must be packed without holes for the region to reach PeakLive.
+func (p *packer) contention() []uint64 {
+	// live[t]: bytes live at slot t, from a difference array.
+	slots := p.leaves
+	diff := make([]uint64, slots+1)
+	for i := range p.ivs {
+		diff[p.lo[i]] += p.sizes[i]
+		diff[p.hi[i]] -= p.sizes[i]
+	}
+	// A max segment tree over the slots.
+	tree := make([]uint64, 2*slots)
+	var live uint64
+	for t := 0; t < slots; t++ {
+		live += diff[t]
+		tree[slots+t] = live
+	}
+	for v := slots - 1; v >= 1; v-- {
+		tree[v] = max(tree[2*v], tree[2*v+1])
+	}
+	out := make([]uint64, len(p.ivs))
+	for i := range p.ivs {
+		var m uint64
+		for l, r := int(p.lo[i])+slots, int(p.hi[i])+slots; l < r; l, r = l/2, r/2 {
+			if l&1 == 1 {
+				m = max(m, tree[l])
+				l++
+			}
+			if r&1 == 1 {
+				r--
+				m = max(m, tree[r])
+			}
+		}
+		out[i] = m
+	}
+	return out
 }
 
 // search is the best packing found so far.
@@ -249,20 +290,30 @@ func (s *search) try(order []int32) bool {
 	return true
 }
 
-// improve moves, in the best order, the interval that first reached the
-// region's top earlier (halfway to the front, then to the front) and packs
-// again, keeping any packing no larger, for at most passes passes or until
-// the size reaches the lower bound or neither move is kept.
+// improve is a local search over orders. A culprit is an interval of the
+// best packing that ends above the lower bound; taking the culprits in the
+// order they were placed, it moves one earlier in the order (halfway to
+// the front, then to the front: placed before the intervals that crowded
+// it out) and packs again, keeping the first packing no larger than the
+// best, then starts over from it. It stops after passes packings, at the
+// lower bound, or when no move of any culprit is kept.
 func (s *search) improve(passes int) {
 	for passes > 0 && s.size > s.p.lower {
-		pos := slices.IndexFunc(s.order, func(i int32) bool { return s.offsets[i]+s.p.sizes[i] == s.size })
 		kept := false
-		for _, to := range []int{pos / 2, 0} {
-			if to == pos || passes == 0 || kept {
+		// Culprits: the intervals that end above the lower bound, in the
+		// order they were placed.
+		for pos := 0; pos < len(s.order) && !kept && passes > 0; pos++ {
+			i := s.order[pos]
+			if s.offsets[i]+s.p.sizes[i] <= s.p.lower {
 				continue
 			}
-			passes--
-			kept = s.try(moveEarlier(s.order, pos, to))
+			for _, to := range []int{pos / 2, 0} {
+				if to == pos || passes == 0 || kept {
+					continue
+				}
+				passes--
+				kept = s.try(moveEarlier(s.order, pos, to))
+			}
 		}
 		if !kept {
 			return
@@ -283,7 +334,7 @@ func moveEarlier(order []int32, pos, to int) []int32 {
 func (p *packer) run() ([]uint64, uint64, error) {
 	s := search{p: p, size: math.MaxUint64, bad: -1}
 	for _, order := range p.orderings() {
-		if s.try(order); s.size == p.lower {
+		if s.try(order) && s.size == p.lower {
 			return s.offsets, s.size, nil
 		}
 	}
