@@ -93,6 +93,7 @@ func BenchmarkPlanPackSharedTraces(b *testing.B) {
 			offs, _, _ := plan.Pack(ivs, planAlign)
 			require.NoError(b, plan.Verify(ivs, offs, planAlign, size))
 			b.ReportMetric(float64(size)/float64(peak), "size/peak")
+			b.ReportMetric((float64(size)/float64(peak)-1)*1e6, "excess-ppm")
 			b.ReportMetric(float64(len(ivs)), "intervals")
 			b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N)/float64(len(ivs)), "ns/interval")
 		})

@@ -54,9 +54,10 @@ type packer struct {
 	stamp  []uint32  // by node: the last insertion that touched sub
 	clock  uint32
 
-	offsets []uint64  // the pass in progress
-	sets    []spanSet // scratch: the span sets a query consults
-	canon   []int32   // scratch: canonical nodes
+	offsets []uint64 // the pass in progress
+	sets    []cursor // scratch: the span sets a query consults
+	work    int      // cursor steps taken by every query so far
+	canon   []int32  // scratch: canonical nodes
 }
 
 func newPacker(ivs []Interval, align uint64) *packer {
@@ -140,25 +141,17 @@ func (p *packer) lowest(i int32) uint64 {
 	p.clock++
 	for _, c := range p.canon {
 		if len(p.sub[c]) > 0 {
-			p.sets = append(p.sets, p.sub[c])
+			p.sets = append(p.sets, cursor{set: p.sub[c]})
 		}
 		for v := c / 2; v >= 1 && p.stamp[v] != p.clock; v /= 2 {
 			p.stamp[v] = p.clock
 			if len(p.cover[v]) > 0 {
-				p.sets = append(p.sets, p.cover[v])
+				p.sets = append(p.sets, cursor{set: p.cover[v]})
 			}
 		}
 	}
-	// Leapfrog: each set pushes the candidate past its conflicts until a
-	// whole round leaves it where it is.
-	s, off := p.sizes[i], uint64(0)
-	for k, still := 0, 0; still < len(p.sets); k = (k + 1) % len(p.sets) {
-		if next := p.sets[k].firstFree(off, s); next != off {
-			off, still = next, 1
-		} else {
-			still++
-		}
-	}
+	off, steps := lowestFree(p.sets, p.sizes[i])
+	p.work += steps
 	return off
 }
 
@@ -181,11 +174,14 @@ func (p *packer) greedy(order []int32, limit uint64) (size uint64, bad int32, ok
 	return size, -1, true
 }
 
-// improvePlacements bounds the placements the improvement passes make
-// together (at least two passes, at most maxImprovePasses).
+// Effort bounds. The first order is always packed in full; the other
+// orders and the improvement passes run while the cursor steps of all
+// passes after the first stay within workBudget (about 0.1-0.2 s), and at
+// most maxImprovePasses improvement passes run.
 const (
-	improvePlacements = 1 << 17
-	maxImprovePasses  = 64
+	workBudget       = 1 << 24
+	maxImprovePasses = 64
+	maxStalePasses   = 16 // kept packings in a row no smaller than the best
 )
 
 // orderings returns the initial orders tried, best first: decreasing size
@@ -270,6 +266,8 @@ type search struct {
 	size    uint64   // its region size; MaxUint64 before
 	order   []int32  // the order that produced it
 	bad     int32    // an interval the first overflowing pass failed on, or -1
+	budget  int      // p.work at which no further pass starts
+	stale   int      // packings kept since the size last decreased
 }
 
 // try packs in order and keeps the result if it is no larger than the
@@ -285,10 +283,16 @@ func (s *search) try(order []int32) bool {
 	if s.offsets == nil {
 		s.offsets = make([]uint64, len(order))
 	}
+	if size < s.size {
+		s.stale = 0
+	} else {
+		s.stale++
+	}
 	copy(s.offsets, s.p.offsets)
 	s.size, s.order = size, order
 	return true
 }
+
 
 // improve is a local search over orders. A culprit is an interval of the
 // best packing that ends above the lower bound; taking the culprits in the
@@ -296,9 +300,11 @@ func (s *search) try(order []int32) bool {
 // the front, then to the front: placed before the intervals that crowded
 // it out) and packs again, keeping the first packing no larger than the
 // best, then starts over from it. It stops after passes packings, at the
-// lower bound, or when no move of any culprit is kept.
+// lower bound, when the work budget is spent, after maxStalePasses kept
+// packings in a row that were no smaller, or when no move of any culprit
+// is kept.
 func (s *search) improve(passes int) {
-	for passes > 0 && s.size > s.p.lower {
+	for passes > 0 && s.size > s.p.lower && s.p.work < s.budget && s.stale < maxStalePasses {
 		kept := false
 		// Culprits: the intervals that end above the lower bound, in the
 		// order they were placed.
@@ -308,7 +314,7 @@ func (s *search) improve(passes int) {
 				continue
 			}
 			for _, to := range []int{pos / 2, 0} {
-				if to == pos || passes == 0 || kept {
+				if to == pos || passes == 0 || kept || s.p.work >= s.budget {
 					continue
 				}
 				passes--
@@ -332,15 +338,21 @@ func moveEarlier(order []int32, pos, to int) []int32 {
 }
 
 func (p *packer) run() ([]uint64, uint64, error) {
-	s := search{p: p, size: math.MaxUint64, bad: -1}
+	s := search{p: p, size: math.MaxUint64, bad: -1, budget: math.MaxInt}
 	for _, order := range p.orderings() {
 		if s.try(order) && s.size == p.lower {
 			return s.offsets, s.size, nil
+		}
+		if s.budget == math.MaxInt {
+			s.budget = p.work + workBudget
+		}
+		if p.work >= s.budget {
+			break
 		}
 	}
 	if s.offsets == nil {
 		return nil, 0, &IntervalError{Index: int(s.bad), Interval: p.ivs[s.bad], Err: ErrOverflow}
 	}
-	s.improve(min(maxImprovePasses, max(2, improvePlacements/len(p.ivs))))
+	s.improve(maxImprovePasses)
 	return s.offsets, s.size, nil
 }

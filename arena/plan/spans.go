@@ -35,13 +35,57 @@ func (s *spanSet) add(off, end uint64) {
 	*s = ss
 }
 
+// cursor walks a span set upwards for one query: the candidate offsets a
+// query tries only increase, so it passes over each span at most once.
+type cursor struct {
+	set spanSet
+	at  int // the current span; the ones before it lie below the candidate
+}
+
+// skip moves the cursor to the first span that ends above off, galloping
+// from the current one.
+func (c *cursor) skip(off uint64) {
+	s := c.set
+	lo, step := c.at, 1
+	for lo+step < len(s) && s[lo+step].end <= off {
+		lo += step
+		step *= 2
+	}
+	hi := min(lo+step, len(s))
+	c.at = lo + 1 + sort.Search(hi-lo-1, func(k int) bool { return s[lo+1+k].end > off })
+}
+
 // firstFree returns the lowest o >= off such that [o, o+size) holds no
-// address of s (o+size may exceed 64 bits: the caller checks).
-func (s spanSet) firstFree(off, size uint64) uint64 {
-	i := sort.Search(len(s), func(k int) bool { return s[k].end > off })
-	for i < len(s) && (s[i].off <= off || s[i].off-off < size) {
-		off = s[i].end
-		i++
+// address of the set (o+size may exceed 64 bits: the caller checks). off
+// must be no lower than in the cursor's previous call.
+func (c *cursor) firstFree(off, size uint64) uint64 {
+	s := c.set
+	if c.at < len(s) && s[c.at].end <= off {
+		c.skip(off)
+	}
+	for c.at < len(s) && (s[c.at].off <= off || s[c.at].off-off < size) {
+		off = s[c.at].end
+		c.at++
 	}
 	return off
+}
+
+// lowestFree returns the lowest o >= 0 such that [o, o+size) holds no
+// address of any of the sets (o+size may exceed 64 bits: the caller
+// checks), and the number of cursor steps it took. It leapfrogs: each set
+// in turn pushes the candidate past its spans in the way, until a whole
+// round of the sets leaves it where it is.
+func lowestFree(sets []cursor, size uint64) (off uint64, steps int) {
+	for k, still := 0, 0; still < len(sets); k++ {
+		if k == len(sets) {
+			k = 0
+		}
+		steps++
+		if next := sets[k].firstFree(off, size); next != off {
+			off, still = next, 1
+		} else {
+			still++
+		}
+	}
+	return off, steps
 }
