@@ -55,4 +55,3 @@ func BenchmarkVerify(b *testing.B) {
 	}
 	b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N)/float64(len(ivs)), "ns/interval")
 }
-

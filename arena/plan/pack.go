@@ -293,7 +293,6 @@ func (s *search) try(order []int32) bool {
 	return true
 }
 
-
 // improve is a local search over orders. A culprit is an interval of the
 // best packing that ends above the lower bound; taking the culprits in the
 // order they were placed, it moves one earlier in the order (halfway to
