@@ -51,8 +51,8 @@ type packer struct {
 	leaves int       // a power of two >= the number of slots
 	cover  []spanSet // by node
 	sub    []spanSet // by node
-	stamp  []uint32  // by node: the last insertion that touched sub
-	clock  uint32
+	stamp  []uint32  // by node: the last place or lowest call that visited it
+	clock  uint32    // numbers the place and lowest calls
 
 	offsets []uint64 // the pass in progress
 	sets    []cursor // scratch: the span sets a query consults
@@ -97,6 +97,10 @@ func (p *packer) reset() {
 	for v := range p.cover {
 		p.cover[v] = p.cover[v][:0]
 		p.sub[v] = p.sub[v][:0]
+	}
+	if p.clock > math.MaxUint32/2 { // never let the clock wrap onto a stamp
+		clear(p.stamp)
+		p.clock = 0
 	}
 }
 
@@ -157,8 +161,8 @@ func (p *packer) lowest(i int32) uint64 {
 
 // greedy places the intervals in order, each at the lowest offset where it
 // fits, and returns the region's size. It stops early, with ok false, once
-// the size exceeds limit (a larger packing is not wanted) or
-// an end would overflow 64 bits (then bad is the interval).
+// the size exceeds limit (a larger packing is not wanted) or an end would
+// overflow 64 bits (then bad is the interval).
 func (p *packer) greedy(order []int32, limit uint64) (size uint64, bad int32, ok bool) {
 	p.reset()
 	for _, i := range order {
@@ -184,9 +188,11 @@ const (
 	maxStalePasses   = 16 // kept packings in a row no smaller than the best
 )
 
-// orderings returns the initial orders tried, best first: decreasing size
+// orderings returns the initial orders tried, in turn: decreasing size
 // (ties: longer lifetime first), decreasing lifetime (ties: larger first),
-// and decreasing area (size × lifetime).
+// decreasing area (size × lifetime; ties: larger first), and decreasing
+// contention (ties: larger, then longer, first). Remaining ties go to the
+// lower index, so a plan is a function of its input.
 func (p *packer) orderings() [][]int32 {
 	n := len(p.ivs)
 	life := func(i int32) uint64 { return p.ivs[i].Death - p.ivs[i].Birth }
@@ -221,8 +227,9 @@ func (p *packer) orderings() [][]int32 {
 }
 
 // contention returns, for each interval, the most bytes live at any slot
-// of its lifetime (saturating): the intervals of the most crowded instants
-// must be packed without holes for the region to reach PeakLive.
+// of its lifetime (modulo 2^64: it only orders): the intervals of the most
+// crowded instants must be packed without holes for the region to reach
+// PeakLive.
 func (p *packer) contention() []uint64 {
 	// live[t]: bytes live at slot t, from a difference array.
 	slots := p.leaves
@@ -296,8 +303,8 @@ func (s *search) try(order []int32) bool {
 // improve is a local search over orders. A culprit is an interval of the
 // best packing that ends above the lower bound; taking the culprits in the
 // order they were placed, it moves one earlier in the order (halfway to
-// the front, then to the front: placed before the intervals that crowded
-// it out) and packs again, keeping the first packing no larger than the
+// the front, a quarter of the way, then to the front: placed before the
+// intervals that crowded it out) and packs again, keeping the first packing no larger than the
 // best, then starts over from it. It stops after passes packings, at the
 // lower bound, when the work budget is spent, after maxStalePasses kept
 // packings in a row that were no smaller, or when no move of any culprit
@@ -312,10 +319,12 @@ func (s *search) improve(passes int) {
 			if s.offsets[i]+s.p.sizes[i] <= s.p.lower {
 				continue
 			}
-			for _, to := range []int{pos / 2, 0} {
-				if to == pos || passes == 0 || kept || s.p.work >= s.budget {
+			prev := pos
+			for _, to := range [...]int{pos / 2, pos / 4, 0} {
+				if to == prev || passes == 0 || kept || s.p.work >= s.budget {
 					continue
 				}
+				prev = to
 				passes--
 				kept = s.try(moveEarlier(s.order, pos, to))
 			}
@@ -336,6 +345,8 @@ func moveEarlier(order []int32, pos, to int) []int32 {
 	return append(out, order[pos+1:]...)
 }
 
+// run packs in each initial order, then improves the best packing; it
+// stops as soon as a packing reaches the lower bound.
 func (p *packer) run() ([]uint64, uint64, error) {
 	s := search{p: p, size: math.MaxUint64, bad: -1, budget: math.MaxInt}
 	for _, order := range p.orderings() {
