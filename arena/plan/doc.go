@@ -10,8 +10,8 @@
 // Given intervals (size, birth, death), choose offsets so that no two
 // intervals live at the same instant share an address, minimising the
 // region's size: the largest offset plus size. Lifetimes are half-open,
-// [Birth, Death), so a block allocated by the call that frees another may
-// take its memory. This is the dynamic storage allocation problem (Garey
+// [Birth, Death), so a block born at the index where another dies may take
+// its memory. This is the dynamic storage allocation problem (Garey
 // and Johnson's SR2), NP-hard in general. Its lower bound is PeakLive, the
 // most bytes live at any instant; no packing is smaller, and some inputs
 // admit no packing that small. Every size is first rounded up to align,
@@ -22,19 +22,19 @@
 // A pass places the intervals one at a time, in a given order, each at
 // the lowest offset where it overlaps none of the placed intervals live
 // at the same time (first fit over time and address; compare the
-// greedy-by-size planners of TFLite's arena and XLA's heap simulator,
-// which take the best-fitting gap instead). Lowest fit loses nothing in
-// itself: any packing, compacted by moving its blocks down in order of
-// offset, is a lowest-fit packing of some order, so the search is over
-// orders. Pack tries four:
+// greedy-by-size planners of TFLite's arena and XLA's heap simulator).
+// Lowest fit loses nothing in itself: moving the blocks of any packing
+// down, one at a time in order of offset, each as low as it fits, gives
+// the lowest-fit packing of that order, and it is no larger; so the search
+// is over orders. Pack tries four:
 //
 //   - decreasing size, ties to the longer lifetime (greedy by size);
 //   - decreasing lifetime, ties to the larger;
 //   - decreasing area, size × lifetime;
 //   - decreasing contention, the most bytes live at any instant of the
 //     interval's lifetime (an interval of the peak instant is placed
-//     before those of quieter ones: TelaMalloc's intuition that the most
-//     constrained blocks go first).
+//     before those of quieter ones, in the spirit of TelaMalloc's
+//     contention-driven choices: the most constrained blocks go first).
 //
 // It stops at the first packing that reaches PeakLive, which is then
 // optimal. Otherwise it improves the best by local search over orders:
