@@ -188,42 +188,52 @@ const (
 	maxStalePasses   = 16 // kept packings in a row no smaller than the best
 )
 
-// orderings returns the initial orders tried, in turn: decreasing size
-// (ties: longer lifetime first), decreasing lifetime (ties: larger first),
-// decreasing area (size × lifetime; ties: larger first), and decreasing
+// numOrders is the number of initial orders.
+const numOrders = 4
+
+// order returns initial order k: 0, decreasing size (ties: longer
+// lifetime first); 1, decreasing lifetime (ties: larger first); 2,
+// decreasing area, size × lifetime (ties: larger first); 3, decreasing
 // contention (ties: larger, then longer, first). Remaining ties go to the
 // lower index, so a plan is a function of its input.
-func (p *packer) orderings() [][]int32 {
-	n := len(p.ivs)
+func (p *packer) order(k int) []int32 {
 	life := func(i int32) uint64 { return p.ivs[i].Death - p.ivs[i].Birth }
 	bySize := func(a, b int32) int { return cmp.Compare(p.sizes[b], p.sizes[a]) }
 	byLife := func(a, b int32) int { return cmp.Compare(life(b), life(a)) }
-	byArea := func(a, b int32) int {
-		ah, al := bits.Mul64(p.sizes[a], life(a))
-		bh, bl := bits.Mul64(p.sizes[b], life(b))
-		if c := cmp.Compare(bh, ah); c != 0 {
-			return c
-		}
-		return cmp.Compare(bl, al)
-	}
-	sorted := func(keys ...func(a, b int32) int) []int32 {
-		o := make([]int32, n)
-		for i := range o {
-			o[i] = int32(i)
-		}
-		slices.SortFunc(o, func(a, b int32) int {
-			for _, k := range keys {
-				if c := k(a, b); c != 0 {
-					return c
-				}
+	var keys []func(a, b int32) int
+	switch k {
+	case 0:
+		keys = []func(a, b int32) int{bySize, byLife}
+	case 1:
+		keys = []func(a, b int32) int{byLife, bySize}
+	case 2:
+		byArea := func(a, b int32) int {
+			ah, al := bits.Mul64(p.sizes[a], life(a))
+			bh, bl := bits.Mul64(p.sizes[b], life(b))
+			if c := cmp.Compare(bh, ah); c != 0 {
+				return c
 			}
-			return cmp.Compare(a, b)
-		})
-		return o
+			return cmp.Compare(bl, al)
+		}
+		keys = []func(a, b int32) int{byArea, bySize}
+	default:
+		crowd := p.contention()
+		byCrowd := func(a, b int32) int { return cmp.Compare(crowd[b], crowd[a]) }
+		keys = []func(a, b int32) int{byCrowd, bySize, byLife}
 	}
-	crowd := p.contention()
-	byCrowd := func(a, b int32) int { return cmp.Compare(crowd[b], crowd[a]) }
-	return [][]int32{sorted(bySize, byLife), sorted(byLife, bySize), sorted(byArea, bySize), sorted(byCrowd, bySize, byLife)}
+	o := make([]int32, len(p.ivs))
+	for i := range o {
+		o[i] = int32(i)
+	}
+	slices.SortFunc(o, func(a, b int32) int {
+		for _, key := range keys {
+			if c := key(a, b); c != 0 {
+				return c
+			}
+		}
+		return cmp.Compare(a, b)
+	})
+	return o
 }
 
 // contention returns, for each interval, the most bytes live at any slot
@@ -349,8 +359,8 @@ func moveEarlier(order []int32, pos, to int) []int32 {
 // stops as soon as a packing reaches the lower bound.
 func (p *packer) run() ([]uint64, uint64, error) {
 	s := search{p: p, size: math.MaxUint64, bad: -1, budget: math.MaxInt}
-	for _, order := range p.orderings() {
-		if s.try(order) && s.size == p.lower {
+	for k := range numOrders {
+		if s.try(p.order(k)) && s.size == p.lower {
 			return s.offsets, s.size, nil
 		}
 		if s.budget == math.MaxInt {
