@@ -69,6 +69,8 @@
 // intervals overlapping it in time: O(n·k·log T) a pass. On training and
 // inference steps, whose layouts stay dense, it passes a few spans a
 // query: a step of 50,000 blocks plans in well under a second.
+// Memory is O(n log T) spans at worst (each interval's span in O(log T)
+// sets), far less on dense layouts where spans coalesce.
 // The first order is always packed in full; the other orders and the
 // local search stop when their work (cursor steps, counted, so the result
 // never depends on timing) exceeds a fixed budget of 2^24 steps, after 64
@@ -83,7 +85,7 @@
 //   - Pack is deterministic: the same intervals and alignment give the
 //     same offsets (ties in every order go to the lower index).
 //   - Bad input (a zero size, Birth >= Death, align not a power of two, a
-//     size that rounds up past 2^64) yields an *IntervalError or a wrapped
+//     size that rounds up past 2^64, more than 2^31-1 intervals) yields an *IntervalError or a wrapped
 //     sentinel from Validate; a packing whose end would pass 2^64 under
 //     every order tried yields ErrOverflow. Nothing panics, and the
 //     intervals given are never modified.

@@ -21,3 +21,11 @@ func FirstFitInOrder(ivs []Interval, align uint64, order []int) ([]uint64, uint6
 	}
 	return p.offsets, size, nil
 }
+
+// SetMaxIntervals lowers the most intervals Validate accepts, for a test;
+// it returns a function that restores it.
+func SetMaxIntervals(n int) (restore func()) {
+	old := maxIntervals
+	maxIntervals = n
+	return func() { maxIntervals = old }
+}

@@ -40,7 +40,13 @@ var (
 	// ErrOverlap: two intervals live at the same time share an address
 	// (Verify).
 	ErrOverlap = errors.New("plan: two live intervals overlap in address")
+	// ErrTooMany: more intervals than Pack indexes (maxIntervals, 2^31-1).
+	ErrTooMany = errors.New("plan: too many intervals")
 )
+
+// maxIntervals is the most intervals Pack takes: it numbers them in int32.
+// A variable so that tests can lower it.
+var maxIntervals = math.MaxInt32
 
 // IntervalError says which interval a check failed on.
 type IntervalError struct {
@@ -70,11 +76,14 @@ func (e *OverlapError) Error() string {
 func (e *OverlapError) Unwrap() error { return ErrOverlap }
 
 // Validate reports whether Pack accepts ivs and align: align a power of
-// two, every interval of nonzero size with Birth < Death and a size that
-// rounds up to align within 64 bits.
+// two, at most 2^31-1 intervals, every one of nonzero size with
+// Birth < Death and a size that rounds up to align within 64 bits.
 func Validate(ivs []Interval, align uint64) error {
 	if align == 0 || align&(align-1) != 0 {
 		return fmt.Errorf("%w: %d", ErrAlign, align)
+	}
+	if len(ivs) > maxIntervals {
+		return fmt.Errorf("%w: %d", ErrTooMany, len(ivs))
 	}
 	for i, iv := range ivs {
 		var err error

@@ -148,6 +148,25 @@ func TestPackBadInput(t *testing.T) {
 	}
 }
 
+// TestPackTooMany: more intervals than Pack numbers (2^31-1; lowered here)
+// are refused with ErrTooMany by Pack, Validate, Verify and PeakLive.
+func TestPackTooMany(t *testing.T) {
+	defer plan.SetMaxIntervals(3)()
+	ivs := make([]plan.Interval, 4)
+	for i := range ivs {
+		ivs[i] = plan.Interval{Size: 1, Birth: uint64(i), Death: uint64(i) + 1}
+	}
+	offs, size, err := plan.Pack(ivs, 1)
+	require.ErrorIs(t, err, plan.ErrTooMany)
+	assert.Nil(t, offs)
+	assert.Zero(t, size)
+	require.ErrorIs(t, plan.Validate(ivs, 1), plan.ErrTooMany)
+	require.ErrorIs(t, plan.Verify(ivs, make([]uint64, 4), 1, 1), plan.ErrTooMany)
+	assert.Zero(t, plan.PeakLive(ivs, 1))
+	_, _, err = plan.Pack(ivs[:3], 1)
+	require.NoError(t, err)
+}
+
 // TestPackSizesNear2To64 packs blocks whose sum exceeds 64 bits but whose
 // lifetimes let them share memory: no overflow is reported.
 func TestPackSizesNear2To64(t *testing.T) {
