@@ -56,7 +56,7 @@ type packer struct {
 
 	offsets []uint64 // the pass in progress
 	sets    []cursor // scratch: the span sets a query consults
-	work    int      // cursor steps taken by every query so far
+	work    int      // nodes visited and cursor steps taken so far: the cost
 	canon   []int32  // scratch: canonical nodes
 }
 
@@ -132,8 +132,10 @@ func (p *packer) place(i int32, off uint64) {
 		for v := c; v >= 1 && p.stamp[v] != p.clock; v /= 2 {
 			p.stamp[v] = p.clock
 			p.sub[v].add(off, end)
+			p.work++
 		}
 	}
+	p.work += len(p.canon)
 }
 
 // lowest returns the lowest offset at which interval i fits among the
@@ -152,10 +154,11 @@ func (p *packer) lowest(i int32) uint64 {
 			if len(p.cover[v]) > 0 {
 				p.sets = append(p.sets, cursor{set: p.cover[v]})
 			}
+			p.work++
 		}
 	}
 	off, steps := lowestFree(p.sets, p.sizes[i])
-	p.work += steps
+	p.work += len(p.canon) + steps
 	return off
 }
 
@@ -178,10 +181,11 @@ func (p *packer) greedy(order []int32, limit uint64) (size uint64, bad int32, ok
 	return size, -1, true
 }
 
-// Effort bounds. The first order is always packed in full; the other
-// orders and the improvement passes run while the cursor steps of all
-// passes after the first stay within workBudget (about 0.1-0.2 s), and at
-// most maxImprovePasses improvement passes run.
+// Effort bounds, in units of packer.work (tree nodes visited and cursor
+// steps, some nanoseconds each). The first order is always packed in full;
+// the other orders and the improvement passes start only while the work of
+// all passes after the first is within workBudget (a few tenths of a
+// second), and at most maxImprovePasses improvement passes run.
 const (
 	workBudget       = 1 << 24
 	maxImprovePasses = 64

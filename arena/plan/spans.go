@@ -16,7 +16,14 @@ type spanSet []span
 func (s *spanSet) add(off, end uint64) {
 	ss := *s
 	// First span that ends at or after off: the first one that may merge.
-	i := sort.Search(len(ss), func(k int) bool { return ss[k].end >= off })
+	i, hi := 0, len(ss)
+	for i < hi {
+		if m := int(uint(i+hi) >> 1); ss[m].end < off {
+			i = m + 1
+		} else {
+			hi = m
+		}
+	}
 	j := i
 	for j < len(ss) && ss[j].off <= end {
 		off = min(off, ss[j].off)
