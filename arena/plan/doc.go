@@ -72,10 +72,10 @@
 // Memory is O(n log T) spans at worst (each interval's span in O(log T)
 // sets), far less on dense layouts where spans coalesce.
 // The first order is always packed in full; the other orders and the
-// local search stop when their work (cursor steps, counted, so the result
-// never depends on timing) exceeds a fixed budget of 2^24 steps, after 64
-// local-search passes, or after 16 kept packings in a row that were no
-// smaller.
+// local search stop when their work (tree nodes visited and cursor steps,
+// counted, so the result never depends on timing) exceeds a fixed budget
+// of 2^24 units (a few tenths of a second), after 64 local-search passes,
+// or after 16 kept packings in a row that were no smaller.
 //
 // # Guarantees
 //
