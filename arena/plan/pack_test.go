@@ -254,10 +254,15 @@ func TestPackTrainingStepReachesPeak(t *testing.T) {
 // any order, both place every interval at the same offset.
 func TestFirstFitMatchesModel(t *testing.T) {
 	r := rand.New(rand.NewPCG(7, 8))
-	for trial := 0; trial < 300; trial++ {
-		n := r.IntN(120)
+	for trial := 0; trial < 305; trial++ {
+		n, span := r.IntN(120), 2+r.Uint64N(100)
+		if trial >= 300 {
+			// Larger, fragmented layouts: sets of many spans, cursors
+			// that gallop.
+			n, span = 250+r.IntN(100), 20+r.Uint64N(400)
+		}
 		align := uint64(1) << r.IntN(4)
-		ivs := randomIntervals(r, n, 1+r.Uint64N(300), 2+r.Uint64N(100))
+		ivs := randomIntervals(r, n, 1+r.Uint64N(300), span)
 		order := r.Perm(n)
 		offs, size, err := plan.FirstFitInOrder(ivs, align, order)
 		require.NoError(t, err)

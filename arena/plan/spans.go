@@ -49,15 +49,19 @@ type cursor struct {
 	at  int // the current span; the ones before it lie below the candidate
 }
 
-// skip moves the cursor to the first span that ends above off, galloping
-// from the current one.
+// skip moves the cursor to the first span that ends above off (it stays
+// where it is if its span does), galloping from the current one.
 func (c *cursor) skip(off uint64) {
 	s := c.set
+	if c.at >= len(s) || s[c.at].end > off {
+		return
+	}
 	lo, step := c.at, 1
 	for lo+step < len(s) && s[lo+step].end <= off {
 		lo += step
 		step *= 2
 	}
+	// s[lo] ends at or below off; s[lo+step], if any, above it.
 	hi := min(lo+step, len(s))
 	c.at = lo + 1 + sort.Search(hi-lo-1, func(k int) bool { return s[lo+1+k].end > off })
 }
@@ -66,10 +70,8 @@ func (c *cursor) skip(off uint64) {
 // address of the set (o+size may exceed 64 bits: the caller checks). off
 // must be no lower than in the cursor's previous call.
 func (c *cursor) firstFree(off, size uint64) uint64 {
+	c.skip(off)
 	s := c.set
-	if c.at < len(s) && s[c.at].end <= off {
-		c.skip(off)
-	}
 	for c.at < len(s) && (s[c.at].off <= off || s[c.at].off-off < size) {
 		off = s[c.at].end
 		c.at++
