@@ -11,7 +11,7 @@ import (
 // Interval is one block of a step: Size bytes, live from call index Birth
 // (its Malloc) to Death (its Free), Birth < Death. Call indices are
 // positions in the step's call sequence; the lifetime is the half-open
-// [Birth, Death), so a block freed at call t and one allocated at call t
+// [Birth, Death), so an interval whose Death is t and one whose Birth is t
 // may share memory.
 type Interval struct {
 	Size, Birth, Death uint64
@@ -52,13 +52,17 @@ var maxIntervals = math.MaxInt32
 type IntervalError struct {
 	Index    int      // position in the slice given
 	Interval Interval // its value
-	Offset   uint64   // its offset (Verify only; 0 otherwise)
+	Offset   uint64   // its offset, for ErrMisaligned and ErrOutside (0 otherwise)
 	Err      error    // one of the sentinel errors
 }
 
 func (e *IntervalError) Error() string {
-	return fmt.Sprintf("%v: interval %d {size %d, birth %d, death %d} at offset %d",
-		e.Err, e.Index, e.Interval.Size, e.Interval.Birth, e.Interval.Death, e.Offset)
+	msg := fmt.Sprintf("%v: interval %d {size %d, birth %d, death %d}",
+		e.Err, e.Index, e.Interval.Size, e.Interval.Birth, e.Interval.Death)
+	if e.Err == ErrMisaligned || e.Err == ErrOutside {
+		msg += fmt.Sprintf(" at offset %d", e.Offset)
+	}
+	return msg
 }
 
 func (e *IntervalError) Unwrap() error { return e.Err }

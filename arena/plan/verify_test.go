@@ -1,6 +1,7 @@
 package plan_test
 
 import (
+	"fmt"
 	"math"
 	"math/rand/v2"
 	"testing"
@@ -58,6 +59,13 @@ func TestVerifyTable(t *testing.T) {
 				var ie *plan.IntervalError
 				require.ErrorAs(t, err, &ie)
 				assert.Equal(t, tc.i, ie.Index)
+				assert.Equal(t, tc.ivs[tc.i], ie.Interval)
+				if tc.err == plan.ErrMisaligned || tc.err == plan.ErrOutside {
+					assert.Equal(t, tc.offs[tc.i], ie.Offset)
+					assert.Contains(t, err.Error(), fmt.Sprintf("at offset %d", tc.offs[tc.i]))
+				} else {
+					assert.NotContains(t, err.Error(), "offset")
+				}
 			case 2:
 				var oe *plan.OverlapError
 				require.ErrorAs(t, err, &oe)
