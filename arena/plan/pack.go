@@ -129,10 +129,14 @@ func (p *packer) place(i int32, off uint64) {
 	p.clock++
 	for _, c := range p.canon {
 		p.cover[c].add(off, end)
+		// sub[v] holds sub of v's children, so once a sub already held
+		// the span, every ancestor's does too.
 		for v := c; v >= 1 && p.stamp[v] != p.clock; v /= 2 {
 			p.stamp[v] = p.clock
-			p.sub[v].add(off, end)
 			p.work++
+			if !p.sub[v].add(off, end) {
+				break
+			}
 		}
 	}
 	p.work += len(p.canon)

@@ -11,9 +11,10 @@ type span struct{ off, end uint64 }
 type spanSet []span
 
 // add inserts [off, end) into s, merging it with the spans it overlaps or
-// touches. It costs O(log m) to find the place plus the move of the spans
+// touches, and reports whether s changed (false when a span already held
+// it). It costs O(log m) to find the place plus the move of the spans
 // after it.
-func (s *spanSet) add(off, end uint64) {
+func (s *spanSet) add(off, end uint64) bool {
 	ss := *s
 	// First span that ends at or after off: the first one that may merge.
 	i, hi := 0, len(ss)
@@ -23,6 +24,9 @@ func (s *spanSet) add(off, end uint64) {
 		} else {
 			hi = m
 		}
+	}
+	if i < len(ss) && ss[i].off <= off && ss[i].end >= end {
+		return false
 	}
 	j := i
 	for j < len(ss) && ss[j].off <= end {
@@ -40,6 +44,7 @@ func (s *spanSet) add(off, end uint64) {
 		ss = append(ss[:i+1], ss[j:]...)
 	}
 	*s = ss
+	return true
 }
 
 // cursor walks a span set upwards for one query: the candidate offsets a
