@@ -190,8 +190,8 @@ func (a *Allocator) reclaimBeforeGrow(ss *streamState, cl *sizeClass, rounded ui
 // The limit follows the high water mark, not the bytes allocated now:
 // memory mapped for an earlier peak is worth keeping until the workload
 // needs more than that peak, since a workload that comes back to it would
-// otherwise unmap and remap the same handles every step ("remap thrash",
-// issue 9). Peak reserved is bounded all the same: a growth past the mark
+// otherwise unmap and remap the same handles every step ("remap
+// thrash"). Peak reserved is bounded all the same: a growth past the mark
 // that defragmentation cannot keep under the limit is the only way
 // reserved bytes exceed (1+threshold) × peak allocated plus a page and
 // the slack, and the slack applies only below the pressure line.
