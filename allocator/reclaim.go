@@ -268,8 +268,7 @@ func (p *Pool) forgetDefragSlack() {
 
 // maxDefragSlack bounds the learned slack, in defrag thresholds of the
 // high water mark: the limit rises to (1+3×defrag_threshold) × the mark
-// at most (README, "The default policy under pressure", for what it
-// changes).
+// at most (docs/results.md, "Warm training loop", for what it changes).
 const maxDefragSlack = 2
 
 // reclaimCandidates lists the streams other than ss holding at least one

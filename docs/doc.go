@@ -9,6 +9,8 @@
 //     its own test runs), so snippets cannot drift from the API;
 //   - every libvmmalloc entry point a Python snippet names is declared in
 //     cmd/libvmmalloc/vmmalloc.h;
+//   - README.md's configuration table lists exactly the keys the
+//     config parser accepts (allocator.ConfigKeys);
 //   - the two commands of README.md's "Commands" section are lines of
 //     .ci/run, which runs them;
 //   - no file names this project's own tracker: an internal issue number

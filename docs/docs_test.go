@@ -17,6 +17,8 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+
+	"github.com/vmmalloc/vmmalloc/allocator"
 )
 
 // root is the repository root, seen from this package's directory.
@@ -331,6 +333,23 @@ func TestReadmeCommandsAreCI(t *testing.T) {
 	for _, c := range cmds {
 		assert.True(t, ci[c], ".ci/run does not run %q as a line of its own", c)
 	}
+}
+
+// TestReadmeConfigTable: the README's configuration table lists exactly
+// the keys the parser accepts, in allocator.ConfigKeys' order.
+func TestReadmeConfigTable(t *testing.T) {
+	_, sec, ok := strings.Cut(read(t, "README.md"), "\n## Configuration\n")
+	require.True(t, ok, "README has a Configuration section")
+	sec, _, _ = strings.Cut(sec, "\n## ")
+	var keys []string
+	for _, l := range strings.Split(sec, "\n") {
+		cells := strings.Split(l, "|")
+		if len(cells) < 3 || !strings.HasPrefix(strings.TrimSpace(cells[1]), "`") {
+			continue
+		}
+		keys = append(keys, strings.Trim(strings.TrimSpace(cells[1]), "`"))
+	}
+	assert.Equal(t, allocator.ConfigKeys(), keys)
 }
 
 // internalIssue is a reference to this project's own tracker: "issue"
