@@ -112,7 +112,7 @@ func TestConfigFromEnv(t *testing.T) {
 }
 
 // TestParseConfigDuplicateKey: a key set twice is an error naming the key,
-// whatever the two values (issue 7 §3).
+// whatever the two values (PyTorch lets the last one win silently).
 func TestParseConfigDuplicateKey(t *testing.T) {
 	for _, tc := range []struct{ in, key string }{
 		{"max_split_size_mb:128,max_split_size_mb:128", "max_split_size_mb"},

@@ -11,8 +11,8 @@ import (
 	"github.com/vmmalloc/vmmalloc/stats"
 )
 
-// TestFreeZeroKeepsTableIntact is the regression test for issue 7 §1:
-// Free(0) matched an empty slot of the pointer table, so after one call
+// TestFreeZeroKeepsTableIntact: Free(0) is ErrInvalidPointer and leaves the
+// pointer table intact. Without the guard Free(0) matched an empty slot of the pointer table, so after one call
 // Check reported a corrupt live map and after ~2,000 the next Malloc spun
 // forever holding the mutex.
 func TestFreeZeroKeepsTableIntact(t *testing.T) {
@@ -43,7 +43,7 @@ func TestFreeZeroKeepsTableIntact(t *testing.T) {
 
 // TestBadInputTable: every bad input fails with its sentinel and changes
 // neither the statistics, the snapshot, Check's verdict, nor the driver
-// (issue 7 §3). The pointers cover the whole address space: 0, 1, ^0,
+// (the bad-input contract). The pointers cover the whole address space: 0, 1, ^0,
 // unaligned, interior, freed, never handed out inside a reservation (mapped
 // or not), just before and after each reservation, another allocator's.
 func TestBadInputTable(t *testing.T) {
@@ -148,8 +148,8 @@ func TestBadInputTable(t *testing.T) {
 }
 
 // TestEveryMethodAfterClose: after Close every method that can fail
-// returns ErrClosed, checked before any argument (issue 7 §3: Malloc(0)
-// after Close returned ErrInvalidSize).
+// returns ErrClosed, checked before any argument (Malloc(0) after Close
+// is ErrClosed, not ErrInvalidSize).
 func TestEveryMethodAfterClose(t *testing.T) {
 	a, e := newAlloc(t, "")
 	p, err := a.Malloc(1<<20, 0)
@@ -184,7 +184,7 @@ func TestEveryMethodAfterClose(t *testing.T) {
 }
 
 // TestDefaultStreamRace: DefaultStream reads under the lock that Close
-// writes under (issue 7 §5; run with -race).
+// writes under (run with -race).
 func TestDefaultStreamRace(t *testing.T) {
 	a, _ := newAlloc(t, "")
 	first := a.DefaultStream()

@@ -235,59 +235,31 @@
 // Check compares Current and Peak, which are always exact. FreeAt's
 // result has four fields, so that it stays in registers. Anything else,
 // including every error, goes to the general path (mallocSlow, freeSlow),
-// which does what Malloc and Free always did.
+// which handles every case.
 //
-// What a cache-hit pair costs, in instructions of vmmalloc code per
-// Malloc+Free (valgrind --tool=cachegrind --cache-sim=no on the test
-// binary of ./benchmarks, -test.bench '^BenchmarkMallocFree$/^live=100$'
-// -test.benchtime 1000000x, run with GODEBUG=cpu.rdtscp=off, as valgrind
-// 3.19 does not know RDTSCP; functions of this repository's files): 1,038
-// with every statistic stored eagerly, 995 with HotCounters, 956 with
-// FreeAt's four-field result, 905 just before pools, 912 with them (906
-// measured again in this round), 869 with Active derived, 722 with the
-// best-fit memo, 483 with no call below AllocFit and FreeAt on the memo's
-// split and merge back (the record, the split, the address table's put and
-// removal written out or inlined), the memo keeping its block's record,
-// and the statistics' common case counted without the countAlloc and
-// countFree calls, 468 with the fast paths' guards in one byte (hitOff:
-// closed, the default pool asleep, blocks pending free, history, recorded
-// uses, any pool asleep; kept by setHitOff and setSleepOff, verified by
-// Check), so that Malloc and Free each test one field and Free loads no
-// pool. Per call of the warm replay of cs336_ctx128_fullstep
-// (-bench 'WarmReplay/ids=dense', 60 passes less 10, 13,542 calls a pass):
-// 694, 673, 650, then 641 with pools, 643 with the memo, 571 with FreeAt
-// coalescing by cases (no neighbour looked up and tested twice) and
-// allocFit putting without a call (573 measured again later), 566 with
-// the guards in one byte: the replay's calls rarely free and
+// What a cache-hit pair costs: 469 instructions of vmmalloc code per
+// Malloc+Free at 100 live blocks (docs/results.md, "Cache hit", gives the
+// cachegrind command), 0 allocations. What remains per pair: the lock's
+// two atomic round trips, the split and the merge back, the address
+// table, four record lookups (a bounds-checked slab index each), the
+// statistics, and three calls below Malloc and Free (AllocFit, FreeAt,
+// CountMalloc; Go keeps no register across a call, so each spills and
+// reloads what is live). A training step's calls rarely free and
 // reallocate one size with nothing in between, so the memo seldom serves
-// it (AllocFit's memo path took 61 of the 426,000 Mallocs of a 60-pass
-// run). What remains per pair: the lock's two atomic round trips, the
-// split and the merge back, the address table, four record lookups (a
-// bounds-checked slab index each), the statistics, and three calls below
-// Malloc and Free (AllocFit, FreeAt, CountMalloc; Go keeps no register
-// across a call, so each spills and reloads what is live).
+// them; the search does.
 //
 // Pools (pool.go) cost the default pool's cache hit one flag test per
 // Malloc and per Free (Allocator.pooled). A cache hit inside a private
-// pool (Pool.Malloc, BenchmarkPoolMallocFree/live=100) counts two records,
-// the pool's and the aggregate's, in one call (stats.CountMallocBoth):
-// 1,043 instructions per pair with each record counted in full (1,036
-// measured again), 950 with Active derived and the two counted together,
-// 803 with the best-fit memo (same command; 810 measured again), 578 with
-// the calls above gone, 562 with the guards in one byte, 0 allocations.
+// pool (Pool.Malloc) counts two records, the pool's and the aggregate's,
+// in one call (stats.CountMallocBoth).
 //
 // A front cache that does not coalesce, per stream and exact size (a
 // freed block parked, handed to the next request of its size, and
-// coalesced into the heap before any other call: growth, release,
-// defragmentation, Stats, Check), was measured and not taken: it changes
-// which block a request gets. Replaying the shared traces with each
-// cache-served Malloc compared with what the heap picks, the parked
-// block of that size is the heap's pick in 45% of them (LIFO; 22% taking
-// the lowest address) on cs336_ctx128_fullstep; a prototype moved its
-// driver calls by +8.3% and min capacity by +0.9%, min capacity of
-// cs336_small_forward_bf16 by +2.3%, and in classic mode that of
-// opt125m_zeroth_order_finetune by +8.2%, where results must stay within
-// 0.1%.
+// coalesced into the heap before any other call), was measured and not
+// taken: it changes which block a request gets. On cs336_ctx128_fullstep
+// the parked block is the heap's pick in 45% of the requests it would
+// serve, and a prototype moved the shared traces' driver calls and
+// minimum capacity by up to 8%, where results must stay within 0.1%.
 //
 // # Mechanism and policy
 //
@@ -456,20 +428,13 @@
 // stream was destroyed without ReleaseStream), and the non-blocking event
 // queries.
 // BenchmarkMallocFreeDuringWait shows what is left: while another
-// goroutine's growth waits 20 ms, or maps with driver Maps of 2 ms each
-// (other=slow-map), a cache-hit pair's own duration stays about 1 µs at
-// p99, and its open-loop latency p99 is within the spread of the same
-// benchmark with an idle other goroutine (the shared 2-core machine's
-// scheduling, not the lock).
+// goroutine waits for its stream, or maps with driver Maps of 2 ms each
+// (other=slow-map), a cache-hit pair's own duration stays within
+// microseconds at p99 (docs/results.md, "Waits and the lock").
 //
 // Cache-hit throughput does not grow with goroutines: Malloc and Free each
-// hold mu for all their work, so two goroutines on two streams take turns.
-// On the shared, loaded 2-core CI machine two goroutines on one allocator
-// made 1.14× and 1.39× the pairs of one goroutine (medians of two series
-// of runs), and two goroutines on two allocators sharing nothing 0.90×
-// and 1.01×: the machine, not the lock, bounded it; the mutex profile
-// shows under 1% of the run blocked on mu (BenchmarkMallocFreeTwoStreams;
-// figures in the README). A per-stream
-// lock for the cache hit would still take the heap's lock for the split
-// and the merge that every pair makes.
+// hold mu for all their work, so two goroutines on two streams take turns
+// (BenchmarkMallocFreeTwoStreams). A per-stream lock for the cache hit
+// would still take the heap's lock for the split and the merge that every
+// pair makes.
 package allocator

@@ -10,9 +10,9 @@ import (
 	"github.com/vmmalloc/vmmalloc/stats"
 )
 
-// These examples are the snippets of the README's section "Integrating
-// vmmalloc into a Go framework" (TestReadmeIntegrationSnippets checks that
-// each snippet there is in this file).
+// These examples hold the snippets of docs/integration.md (the docs
+// package's TestGoSnippetsCompiled checks that each snippet there is a run
+// of lines of a tested file).
 
 // Example_everyDevice opens one allocator per device of a driver.
 func Example_everyDevice() {

@@ -52,7 +52,7 @@ import (
 // partly free growth handle mapped below the line costs is what it
 // strands when a growth fails: on cs336_ctx512_fullstep the minimum
 // capacity is 0.8 % above peak allocated, 189 MiB of it free in such
-// handles (README, "The default policy under pressure"), against 0.3 %
+// handles (docs/results.md, "Under memory pressure"), against 0.3 %
 // with granule handles everywhere at 17× the driver calls of a device
 // with room.
 const (

@@ -190,8 +190,8 @@ func (a *Allocator) reclaimBeforeGrow(ss *streamState, cl *sizeClass, rounded ui
 // The limit follows the high water mark, not the bytes allocated now:
 // memory mapped for an earlier peak is worth keeping until the workload
 // needs more than that peak, since a workload that comes back to it would
-// otherwise unmap and remap the same handles every step ("remap thrash",
-// issue 9). Peak reserved is bounded all the same: a growth past the mark
+// otherwise unmap and remap the same handles every step ("remap
+// thrash"). Peak reserved is bounded all the same: a growth past the mark
 // that defragmentation cannot keep under the limit is the only way
 // reserved bytes exceed (1+threshold) × peak allocated plus a page and
 // the slack, and the slack applies only below the pressure line.
@@ -268,8 +268,7 @@ func (p *Pool) forgetDefragSlack() {
 
 // maxDefragSlack bounds the learned slack, in defrag thresholds of the
 // high water mark: the limit rises to (1+3×defrag_threshold) × the mark
-// at most (README, "The default policy under pressure", for what it
-// changes).
+// at most (docs/results.md, "Warm training loop", for what it changes).
 const maxDefragSlack = 2
 
 // reclaimCandidates lists the streams other than ss holding at least one

@@ -341,7 +341,7 @@ func TestAdoptProbeFails(t *testing.T) {
 // of streams destroyed behind the allocator's back probes each of them
 // once and marks it vanished; later growths make no driver call for them,
 // so the work of a growth does not keep growing with the streams ever
-// used (issue 7).
+// used.
 func TestReclaimForgetsDestroyedStreams(t *testing.T) {
 	a, e := newAlloc(t, "")
 	const n = 50

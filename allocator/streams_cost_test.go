@@ -9,10 +9,10 @@ import (
 	"github.com/vmmalloc/vmmalloc/backend"
 )
 
-// What a stream in use costs the allocator in Go heap (issue 16: a trace
-// naming 100,000 streams held 580 MB, 8.3 KB a stream, nearly all of it
-// two full TLSF tables of class roots in the heap). Measured after the
-// heap's free indexes became sparse: 380 bytes for a stream the allocator
+// What a stream in use costs the allocator in Go heap: a trace may name
+// 100,000 streams, so a stream may not cost kilobytes (two full TLSF
+// tables of class roots would be 8.3 KB a stream). With sparse free
+// indexes: 380 bytes for a stream the allocator
 // has seen (its streamState, its map entries, its heap record and two
 // empty free indexes; 8,350 before) and 1,225 for one holding one block
 // (9,049 before), which adds the growth that maps 2 MiB for it: the block

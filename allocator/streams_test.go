@@ -117,7 +117,7 @@ func TestReleaseStreamFailureChangesNothing(t *testing.T) {
 }
 
 // TestManyShortLivedStreamsBounded: streams used once and released leave
-// no per-stream state behind (issue 7 §2: 16 KB each, forever).
+// no per-stream state behind.
 func TestManyShortLivedStreamsBounded(t *testing.T) {
 	a, e := newAlloc(t, "")
 	for i := range 2000 {
@@ -140,7 +140,7 @@ func TestManyShortLivedStreamsBounded(t *testing.T) {
 
 // TestDestroyedStreamEmptyCache: a stream destroyed without ReleaseStream
 // no longer fails EmptyCache for every stream; its memory is released after
-// a device synchronize (issue 7 §2).
+// a device synchronize.
 func TestDestroyedStreamEmptyCache(t *testing.T) {
 	a, e := newAlloc(t, "", emulated.WithManualCompletion())
 	s, err := e.StreamCreate(0)
@@ -170,7 +170,7 @@ func TestDestroyedStreamEmptyCache(t *testing.T) {
 
 // TestDestroyedStreamOOMLadderRetries: a Malloc on a live stream that needs
 // the memory cached by a destroyed stream goes down the ladder, releases
-// it, and retries (issue 7 §2: it failed with the driver's "unknown
+// it, and retries (rather than failing with the driver's "unknown
 // stream").
 func TestDestroyedStreamOOMLadderRetries(t *testing.T) {
 	a, e := newAlloc(t, "", emulated.WithCapacity(1*gib))
@@ -218,9 +218,9 @@ func TestOOMLadderRetriesAfterPartialRelease(t *testing.T) {
 }
 
 // TestRecordedOnDestroyedStreamIsFreeable: a block recorded on a stream
-// that is later destroyed can be freed (issue 7 §2: every Free failed at
-// event recording). Free does not wait for the device (issue 16 §2: it
-// waited for every stream's work): the block is stranded, counted and not
+// that is later destroyed can be freed (recording its event cannot
+// fail Free). Free does not wait for the device (a synchronize there
+// would wait for every stream's work): the block is stranded, counted and not
 // reused until EmptyCache's device synchronize frees it.
 func TestRecordedOnDestroyedStreamIsFreeable(t *testing.T) {
 	a, e := newAlloc(t, "", emulated.WithManualCompletion())
@@ -352,7 +352,7 @@ func TestCloseWithDestroyedStreams(t *testing.T) {
 
 // TestProcessEventsVisitsBusyStreamsOnly: after many streams were used and
 // destroyed without ReleaseStream, polling events visits only the streams
-// that have events queued (issue 7 §2: every Malloc walked them all).
+// that have events queued, not every stream ever used.
 func TestProcessEventsVisitsBusyStreamsOnly(t *testing.T) {
 	a, e := newAlloc(t, "", emulated.WithManualCompletion())
 	for range 500 {

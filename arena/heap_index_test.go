@@ -240,7 +240,7 @@ const (
 
 // TestStreamCost: a stream costs the heap in proportion to what it holds,
 // bytes rather than kilobytes: a hostile trace may name a hundred thousand
-// streams, each with one block or none (issue 16).
+// streams, each with one block or none.
 func TestStreamCost(t *testing.T) {
 	const n = 20000
 	empty := streamCost(t, n, 0)

@@ -46,7 +46,7 @@ func (d *slowSync) StreamSynchronize(s backend.Stream) error {
 //
 //   - other=grow-wait: a growth whose defrag waits 20 ms for its stream
 //     (the stream's free handles are unmapped after a synchronize), then
-//     an EmptyCache that waits 20 ms again: the case of issue 10;
+//     an EmptyCache that waits 20 ms again;
 //   - other=release-wait: it allocates and frees two 20 MiB blocks on its
 //     stream and hands the stream back with ReleaseStream, whose
 //     synchronize takes 20 ms, twice;
@@ -58,7 +58,7 @@ func (d *slowSync) StreamSynchronize(s backend.Stream) error {
 //     handles) whose driver Map takes 2 ms each, a Free and a Synchronize
 //     of its stream that unmaps them again (release_threshold_mb:0; the
 //     measured stream's memory stays mapped): 32 ms of maps per
-//     iteration, made without the allocator's mutex since issue 10;
+//     iteration, made without the allocator's mutex;
 //   - other=idle: it sleeps 40 ms and calls nothing: the control, what the
 //     machine itself (scheduler, timer, other processes) costs the
 //     measuring goroutine.

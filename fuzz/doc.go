@@ -69,8 +69,8 @@
 // importer's counts; both writers accept and reproduce whatever a reader
 // produced, Info included, which is what convert does), and that the
 // reader allocates at most a fixed multiple of the input's size plus a
-// constant (readerBounds). Seeds are generated files, the hostile pickle
-// shapes of issue 7, and snapshots derived from the real traces in
+// constant (readerBounds). Seeds are generated files, hostile pickle
+// shapes (deep or cyclic containers, huge keys), and snapshots derived from the real traces in
 // shared/traces (found by trace.SharedDir: $VMMALLOC_TRACES, or
 // shared/traces beside the module root; whole files when under 256 KiB),
 // when present.

@@ -160,8 +160,7 @@ func seedProgs() map[string][]byte {
 	p.malloc(szTiny, 4000, streamDefault).free(0).bad(2).malloc(szBoundary, 1, 1).bad(1).bad(0).bad(3).bad(4)
 	seeds["bad_input"] = p.b
 
-	// Pointers from the whole address space between real work (issue 7
-	// §1): null, one, the top, near live blocks, freed, around and deep in
+	// Pointers from the whole address space between real work: null, one, the top, near live blocks, freed, around and deep in
 	// reservations, another allocator's; Free(0) many times, then growth.
 	p = &prog{}
 	p.malloc(szTiny, 4000, streamDefault).malloc(szJustLarge, 7, 1).malloc(szPages, 2, 2|launch)
@@ -179,7 +178,7 @@ func seedProgs() map[string][]byte {
 	seeds["pointer_space"] = p.b
 
 	// Streams released and destroyed, with blocks still live on them and
-	// work pending (issue 7 §2).
+	// work pending.
 	p = &prog{}
 	p.malloc(szSmall, 100, 1|launch).malloc(szPages, 4, 1).malloc(szEighth, 900, 2|launch).record(0, 2|launch)
 	p.release(0).free(1).malloc(szSmall, 100, 1).destroy(1).malloc(szPages, 4, 3)

@@ -9,7 +9,7 @@ package fuzz
 // allocates at most a fixed multiple of the input's size plus a constant
 // (readerBounds). Seeds are generated files, files derived from the real
 // PyTorch snapshots in shared/traces when they are present (whole files
-// when small enough), and the hostile shapes of issue 7.
+// when small enough), and hostile pickle shapes (hostilePickles).
 
 import (
 	"bytes"
@@ -315,7 +315,9 @@ func generatedSnapshot() []byte {
 	})
 }
 
-// hostilePickles are the shapes of issue 7, at fuzzing size.
+// hostilePickles are pickles built to exhaust a reader (keys nested 40
+// deep, huge or repeated keys, a cycle where entries should be), at
+// fuzzing size.
 func hostilePickles() [][]byte {
 	u32 := func(n int) string { return string(binary.LittleEndian.AppendUint32(nil, uint32(n))) }
 	return [][]byte{

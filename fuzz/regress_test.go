@@ -191,9 +191,8 @@ func TestRegression_ZombieMemoryInReserved(t *testing.T) {
 }
 
 // TestRegression_PointerSpace runs the pointer_space program: pointers
-// drawn from the whole address space (issue 7 §1: the fuzzers only freed
-// pointers they were handed, so Free(0) corrupting the pointer table went
-// unfound). Every rejected call is checked by rejectedOp; here the trace
+// drawn from the whole address space (a fuzzer that frees only pointers
+// it was handed cannot find Free(0) corrupting the pointer table). Every rejected call is checked by rejectedOp; here the trace
 // shows that each kind was drawn and rejected.
 func TestRegression_PointerSpace(t *testing.T) {
 	h := newHarness(t, harnessConfig{conf: "handle_cache_mb:64", capacity: 512 * mib, streams: 3, manual: true})
@@ -211,7 +210,7 @@ func TestRegression_PointerSpace(t *testing.T) {
 
 // TestRegression_StreamLifecycle runs the stream_lifecycle program:
 // streams released and destroyed behind the allocator's back with blocks
-// live and work pending on them (issue 7 §2).
+// live and work pending on them.
 func TestRegression_StreamLifecycle(t *testing.T) {
 	for _, real := range []bool{false, true} {
 		h := newHarness(t, harnessConfig{conf: "handle_cache_mb:64", capacity: 512 * mib, streams: 3, manual: true, real: real})

@@ -89,7 +89,7 @@ func hostSubject(t *testing.T) streamSubject {
 }
 
 // TestDestroyedStreamsBothAllocators runs the same cases against the device
-// and the host allocator (issue 16 §2): every call that takes a stream, or
+// and the host allocator: every call that takes a stream, or
 // frees a block a stream was recorded on, with the stream destroyed before
 // the allocator first sees it, after it has seen it, between RecordStream
 // and Free, and between two RecordStreams. Both answer alike:

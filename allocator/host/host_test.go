@@ -818,8 +818,8 @@ func TestRegisterDriverRefusal(t *testing.T) {
 }
 
 // With a driver that can wait for a whole device, Free of a block whose
-// stream was destroyed still does not wait (issue 16 §2: it synchronized
-// the device, waiting for unrelated work): the block is quarantined and
+// stream was destroyed still does not wait (a device synchronize there
+// would wait for unrelated work): the block is quarantined and
 // counted, never reused while the destroyed stream's work may touch it,
 // and EmptyCache ends the quarantine with one device synchronize, after
 // which the block is reused.

@@ -16,8 +16,8 @@ import (
 
 // TestClosedBeforeArguments: after Close every method that can fail
 // returns ErrClosed, whatever its arguments, and calls no driver; a bad
-// argument is not reported first (the device allocator's contract, issue 7
-// §3; Check too, issue 16 §2).
+// argument is not reported first (the device allocator's contract; Check
+// too).
 func TestClosedBeforeArguments(t *testing.T) {
 	a, e := newHost(t, "")
 	require.NoError(t, a.Close())
@@ -37,7 +37,7 @@ func TestClosedBeforeArguments(t *testing.T) {
 		{"Unregister ^0", func() error { return a.Unregister(^uintptr(0)) }},
 		{"RecordStream ^0, stream ^0", func() error { return a.RecordStream(^uintptr(0), ^backend.Stream(0)) }},
 		{"EmptyCache", a.EmptyCache},
-		{"Check", a.Check}, // issue 16 §2: it returned nil
+		{"Check", a.Check}, // ErrClosed too, not nil
 		{"Close", a.Close},
 	}
 	covered := map[string]bool{}

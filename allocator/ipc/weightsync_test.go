@@ -15,7 +15,7 @@ import (
 	"github.com/vmmalloc/vmmalloc/backend/emulated"
 )
 
-// weightBytes is one step's weight copy, as in the issue: 256 MiB.
+// weightBytes is one step's weight copy: 256 MiB.
 const weightBytes = 256 << 20
 
 // probeBytes is how much of each end of a weight copy is written and read

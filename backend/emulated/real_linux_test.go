@@ -110,7 +110,7 @@ func TestRealProtection(t *testing.T) {
 	require.NoError(t, e.SetAccess(va, g64, []backend.AccessDesc{{Location: dev(0), Flags: backend.AccessRead}}))
 	assert.True(t, faults(func() { b[7] = 8 }), "read-only mapping accepted a write")
 	assert.False(t, faults(func() { assert.Equal(t, byte(7), b[7]) }))
-	// Issue 7 §5: no writable slice is handed out over a read-only mapping.
+	// No writable slice is handed out over a read-only mapping.
 	_, err = e.Bytes(va, g64)
 	assert.ErrorIs(t, err, backend.ErrNotPermitted, "Bytes of a read-only mapping")
 	_, err = e.Bytes(va+8, 16)

@@ -10,8 +10,7 @@ import (
 )
 
 // maxStreamCost bounds the Go heap one idle stream costs the emulator: its
-// 64-byte record and its entry in the process's stream map (measured 87;
-// 103 with the 72-byte record before issue 16).
+// 64-byte record and its entry in the process's stream map (measured 87).
 const maxStreamCost = 160
 
 // streamCost creates n streams on a fresh emulator and returns the Go heap
@@ -39,7 +38,7 @@ func heapInUse() uint64 {
 }
 
 // TestStreamCost: a stream costs the emulator bytes, not kilobytes, since a
-// replay creates one per stream its trace names (issue 16).
+// replay creates one per stream its trace names.
 func TestStreamCost(t *testing.T) {
 	assert.Equal(t, uintptr(64), unsafe.Sizeof(stream{}), "one size class")
 	cost := streamCost(t, 50000)

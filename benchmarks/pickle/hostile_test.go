@@ -116,9 +116,9 @@ func allocatedBy(f func()) uint64 {
 	return after.TotalAlloc - before.TotalAlloc
 }
 
-// TestHostileShapes decodes each shape the issue describes at the size it
-// describes: each either decodes or fails with ErrBudget, and allocates
-// within allocBound of its size. Before identities were cached, the first
+// TestHostileShapes decodes each hostile shape at its full size: each
+// either decodes or fails with ErrBudget, and allocates within allocBound
+// of its size. Before identities were cached, the first
 // four cost 2^depth, gigabytes, a second per SETITEM and a megabyte per
 // SETITEM respectively.
 func TestHostileShapes(t *testing.T) {
@@ -261,8 +261,7 @@ func TestLongStrKeysWithinBudget(t *testing.T) {
 	assert.Len(t, v.(map[string]any), 2000)
 }
 
-// BenchmarkHostileShapes decodes each hostile shape at the size the issue
-// gives; alloc-B/in-B is the allocation per input byte (at most
+// BenchmarkHostileShapes decodes each hostile shape at its full size; alloc-B/in-B is the allocation per input byte (at most
 // allocPerByte, plus allocBase in all).
 //
 //	go test ./benchmarks/pickle -run '^$' -bench Hostile -benchmem

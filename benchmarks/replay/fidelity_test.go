@@ -126,9 +126,10 @@ func TestReplayReleases(t *testing.T) {
 	}
 }
 
-// driverCallBudget is, per shared trace, the driver calls of the default
-// policy when issue 9 was filed (before idle streams' memory was taken
-// back): the default may make no more, with the recorded releases honoured
+// driverCallBudget is, per shared trace, a ceiling on the driver calls of
+// the default policy (the calls of the policy that did not take back idle
+// streams' memory, and for the policy traces the calls when they were
+// added): the default may make no more, with the recorded releases honoured
 // or ignored.
 var driverCallBudget = map[string]int64{
 	"cs336_ctx128_forward.pickle":           1_972,
@@ -139,16 +140,14 @@ var driverCallBudget = map[string]int64{
 	"llama7b_offload_4streams.pickle":       17_665,
 	"opt125m_zeroth_order_finetune.pickle":  721,
 	"tts_inference_server.pickle":           25,
-	// issue 19: the default's calls when the policy traces were added.
 	"policy/cs336_ctx512_fullstep.pickle":   4_027,
 	"policy/cs336_xl_forward_bf16.pickle":   3_832,
 	"policy/gcn_3gpu_expandable_oom.pickle": 1_270,
 }
 
 // reservedBudget is, per shared trace, the default policy's peak reserved /
-// peak live with releases honoured when the driver calls were cut (issue 9,
-// README "All shared snapshots"): cutting driver calls may not cost
-// reserved memory.
+// peak live with releases honoured, a ceiling (docs/results.md lists the
+// current figures): cutting driver calls may not cost reserved memory.
 var reservedBudget = map[string]float64{
 	"cs336_ctx128_forward.pickle":           1.0068,
 	"cs336_ctx128_fullstep.pickle":          1.0042,
@@ -164,8 +163,8 @@ var reservedBudget = map[string]float64{
 }
 
 // minCapacityBound is, per shared trace of at least 1 GB peak live, the
-// default policy's minimum capacity / peak live as measured for issue 19
-// (README, "The default policy under pressure"), to 4 decimals: the target
+// default policy's minimum capacity / peak live (docs/results.md, "Under
+// memory pressure"), to 4 decimals: the target
 // is 1.005, and these are what the policy reaches. The two policy traces
 // above it strand memory in partly free growth handles mapped while the
 // device had room, which no release can unmap (cs336_ctx512_fullstep:

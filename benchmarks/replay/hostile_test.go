@@ -11,7 +11,7 @@ import (
 	"github.com/vmmalloc/vmmalloc/benchmarks/trace"
 )
 
-// Small files that name many things (issue 16): every stream, allocation
+// Small files that name many things: every stream, allocation
 // or event a trace names costs the replay (its engine, the allocator and
 // the emulator) Go heap, so a file of a few hundred kilobytes could once
 // hold gigabytes. The bound is per input byte: peak heap ≤
@@ -26,7 +26,7 @@ import (
 // recorded on many streams, 27 (82) for small blocks never freed, 10 (87)
 // for sparse ids. Before the heap's free indexes were sparse the first
 // three were 2,210, 2,306 and 1,841 per byte (8.5 to 9.1 KB a stream):
-// the issue's 383,508-byte file held 847 MB. The bound is 1.5 times the
+// a 383,508-byte file held 847 MB. The bound is 1.5 times the
 // worst measured; the base covers the emulator's and allocator's fixed
 // state (the reservation's granule map, 0.6 MiB) and the samples.
 const (
@@ -43,7 +43,7 @@ type hostileShape struct {
 
 func hostileShapes() []hostileShape {
 	return []hostileShape{
-		// The issue's file: 100,000 streams named once each, 383,508 bytes.
+		// 100,000 streams named once each, 383,508 bytes.
 		{"streams synchronized once", 100_000, func(n int) []trace.Event {
 			ev := make([]trace.Event, n)
 			for i := range ev {
@@ -130,8 +130,8 @@ func replayPeakHeap(t testing.TB, data []byte) (uint64, *replay.Report) {
 }
 
 // TestHostileFilesBoundedHeap: a replay holds at most a fixed multiple of
-// its file's size in Go heap, whatever the file names (issue 16: 383 KB
-// naming 100,000 streams held 580 MB).
+// its file's size in Go heap, whatever the file names (383 KB naming
+// 100,000 streams may not hold hundreds of MB).
 func TestHostileFilesBoundedHeap(t *testing.T) {
 	for _, sh := range hostileShapes() {
 		t.Run(sh.name, func(t *testing.T) {

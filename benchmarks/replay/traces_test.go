@@ -12,7 +12,7 @@ import (
 
 // TestPyTorchFullstep replays the real GPT-style training step (when the
 // snapshot is available) under expandable and classic segments and logs
-// the study figures. Targets (issue 4): expandable peak reserved / peak
+// the study figures. Targets: expandable peak reserved / peak
 // live ≤ 1.02 and minimum capacity / peak live ≤ 1.01; PyTorch's classic
 // allocator reserved 47.35 GB for 41.17 GB live (1.150). Only loose sanity
 // is asserted, plus classic staying near PyTorch's own figure, since our

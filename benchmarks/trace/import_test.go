@@ -581,7 +581,7 @@ func TestRealSnapshotPools(t *testing.T) {
 	if len(files) == 0 {
 		t.Skipf("no snapshots in %s", dir)
 	}
-	known := map[string]bool{ // the shared snapshots of issue 17's time, none with a private pool
+	known := map[string]bool{ // the shared snapshots known to hold no private pool
 		"cs336_ctx128_forward.pickle": true, "cs336_ctx128_fullstep.pickle": true,
 		"cs336_gpt2small_compiled_train.pickle": true, "cs336_medium_ctx1024_train.pickle": true,
 		"cs336_small_forward_bf16.pickle": true, "llama7b_offload_4streams.pickle": true,

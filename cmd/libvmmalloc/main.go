@@ -36,7 +36,7 @@
 //   - Threads. The runtime starts a few threads of its own; GOMAXPROCS
 //     bounds those running Go code at once. A foreign thread that calls in
 //     is bound to a Go M for its lifetime, so later calls from it are
-//     cheap (the measured cost of a call is in the README).
+//     cheap (the measured cost of a call is in docs/results.md).
 //   - Environment. GODEBUG, GOMAXPROCS, GOGC and GOTRACEBACK are read at
 //     load. GODEBUG=asyncpreemptoff=1 turns the SIGURG preemption off for
 //     programs that cannot tolerate EINTR from slow system calls.

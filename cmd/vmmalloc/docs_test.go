@@ -3,11 +3,6 @@ package main
 import (
 	"encoding/xml"
 	"errors"
-	"go/ast"
-	"go/importer"
-	"go/parser"
-	"go/token"
-	"go/types"
 	"io"
 	"os"
 	"strings"
@@ -48,7 +43,7 @@ func svgCounts(t *testing.T, path string) (map[string]int, []string) {
 	}
 }
 
-// TestDocsPictures checks the plots the README shows: produced by the
+// TestDocsPictures checks the plots docs/traces.md shows: produced by the
 // commands it gives, one line per policy plus live bytes, and one marker
 // per run of the sweep.
 func TestDocsPictures(t *testing.T) {
@@ -69,38 +64,4 @@ func TestDocsPictures(t *testing.T) {
 	md, err := os.ReadFile("docs/sweep.md")
 	require.NoError(t, err)
 	assert.Equal(t, 2+3*len(policies), strings.Count(string(md), "\n"))
-}
-
-// TestReadmeExample checks the README's Go example: it parses and type
-// checks against this module, and throws no value away into _.
-func TestReadmeExample(t *testing.T) {
-	readme, err := os.ReadFile("../../README.md")
-	require.NoError(t, err)
-	_, rest, ok := strings.Cut(string(readme), "```go\n")
-	require.True(t, ok, "README has a Go example")
-	src, _, ok := strings.Cut(rest, "```")
-	require.True(t, ok)
-
-	fset := token.NewFileSet()
-	f, err := parser.ParseFile(fset, "README.go", src, parser.ParseComments)
-	require.NoError(t, err)
-	var imports []string
-	for _, im := range f.Imports {
-		imports = append(imports, strings.Trim(im.Path.Value, `"`))
-	}
-	assert.Contains(t, imports, "github.com/vmmalloc/vmmalloc/allocator")
-	assert.Contains(t, imports, "github.com/vmmalloc/vmmalloc/backend/emulated")
-	ast.Inspect(f, func(n ast.Node) bool {
-		if as, ok := n.(*ast.AssignStmt); ok {
-			for _, l := range as.Lhs {
-				if id, ok := l.(*ast.Ident); ok && id.Name == "_" {
-					t.Errorf("README example discards a value at %s", fset.Position(as.Pos()))
-				}
-			}
-		}
-		return true
-	})
-	conf := types.Config{Importer: importer.ForCompiler(fset, "source", nil)}
-	_, err = conf.Check("main", fset, []*ast.File{f}, nil)
-	assert.NoError(t, err, "the README example type-checks")
 }

@@ -13,7 +13,7 @@ import (
 	"github.com/vmmalloc/vmmalloc/benchmarks/trace"
 )
 
-// Hostile inputs from issue 7: each replay and convert either handles or
+// Hostile inputs: each replay and convert either handles or
 // refuses with one clear line, never dying (an 87-byte pickle used to make
 // convert die with "fatal error: out of memory").
 func TestHostileInputs(t *testing.T) {
@@ -26,7 +26,7 @@ func TestHostileInputs(t *testing.T) {
 	}
 	dupKey := "N" + strings.Repeat("2\x86", 40) // a tuple with 2^40 leaves, 81 bytes
 	files := map[string]string{
-		// The issue's 87 bytes: {((...),(...)): None}, the key 40 levels deep.
+		// 87 bytes: {((...),(...)): None}, the key 40 levels deep.
 		"dupkey.pickle": "\x80\x04}" + dupKey + "Ns.",
 		// The same key inside an otherwise valid (empty) snapshot.
 		"dupkey-snapshot.pickle": "\x80\x04}X\x0d\x00\x00\x00device_traces](]es\x8c\x01x}" + dupKey + "Nss.",

@@ -19,7 +19,7 @@ import (
 	"github.com/vmmalloc/vmmalloc/benchmarks/trace"
 )
 
-// addressSpaceLimitKiB is the issue's `ulimit -v 2097152`: 2 GiB.
+// addressSpaceLimitKiB is `ulimit -v 2097152`: 2 GiB.
 const addressSpaceLimitKiB = 2097152
 
 // underLimit runs the test binary as a child of kind (runTestChild) with
@@ -50,10 +50,10 @@ func underLimit(t *testing.T, kind string, args ...string) (int, string, string)
 	return code, stdout.String(), stderr.String()
 }
 
-// TestReplayUnderAddressSpaceLimit: `vmmalloc replay` of the issue's
+// TestReplayUnderAddressSpaceLimit: `vmmalloc replay` of a hostile
 // 383,508-byte trace, 100,000 streams each synchronized once, completes
-// under `ulimit -v 2097152` (issue 16: it held 850 MB of Go heap, 8.5 KB a
-// stream, and died with "fatal error: out of memory"; it holds 50 MB now).
+// under `ulimit -v 2097152` (at 8.5 KB of Go heap a stream it would hold
+// 850 MB and die with "fatal error: out of memory").
 // The control shows that the limit binds: a child reserving a 3 GiB heap
 // dies.
 func TestReplayUnderAddressSpaceLimit(t *testing.T) {
@@ -71,7 +71,7 @@ func TestReplayUnderAddressSpaceLimit(t *testing.T) {
 		require.NoError(t, w.Write(trace.Event{Kind: trace.StreamSync, Stream: uint64(i)}))
 	}
 	require.NoError(t, w.Close())
-	require.Equal(t, 383_508, buf.Len(), "the issue's file size")
+	require.Equal(t, 383_508, buf.Len(), "the hostile trace's file size")
 	path := filepath.Join(t.TempDir(), "streams.trace")
 	require.NoError(t, os.WriteFile(path, buf.Bytes(), 0o644))
 

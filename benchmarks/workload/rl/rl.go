@@ -12,7 +12,7 @@
 // step: rollout (sampling buffers in the KV pool, allocated and freed),
 // then the rollout pools sleep, the train pool wakes, a training step
 // allocates and frees its activations, the train pool sleeps, the
-// rollout pools wake. The default config is the scenario: a 16
+// rollout pools wake. The default config is vLLM-style RL colocation: a 16
 // GiB device, 8 GiB of weights, 4 GiB of KV cache, a trainer needing 10
 // GiB (2 GiB of state), 50 steps.
 //
@@ -54,7 +54,7 @@ type Config struct {
 	Steps         int    // alternations
 }
 
-// DefaultConfig is the scenario (see the package comment).
+// DefaultConfig is the RL colocation scenario of the package comment.
 func DefaultConfig() Config {
 	return Config{
 		Device: 16 << 30, Weights: 8 << 30, WeightTensors: 291, KV: 4 << 30, KVBlocks: 32,
