@@ -3,6 +3,7 @@ package host
 import (
 	"fmt"
 
+	"github.com/vmmalloc/vmmalloc/arena"
 	"github.com/vmmalloc/vmmalloc/backend"
 	"github.com/vmmalloc/vmmalloc/stats"
 )
@@ -51,8 +52,8 @@ func (a *Allocator) check() error {
 		switch {
 		case s.end <= s.start:
 			err = corrupt("span at %#x is empty or wraps (end %#x)", s.start, s.end)
-		case (s.b == nil) == (s.r == nil):
-			err = corrupt("span at %#x must hold exactly one block or registration", s.start)
+		case boolInt(s.b != nil)+boolInt(s.r != nil)+boolInt(s.c != nil) != 1:
+			err = corrupt("span at %#x must hold exactly one block, registration or chunk", s.start)
 		case !first && s.start < prevEnd:
 			err = corrupt("span at %#x overlaps the one before, which ends at %#x", s.start, prevEnd)
 		}
@@ -73,8 +74,25 @@ func (a *Allocator) check() error {
 			want.RegisteredBytes.Add(int64(r.size))
 			return true
 		}
+		if c := s.c; c != nil {
+			if err = a.checkChunk(c, s); err != nil {
+				return false
+			}
+			want.Segment.Add(1)
+			want.ReservedBytes.Add(int64(c.size))
+			return true
+		}
 		b := s.b
 		nBlocks++
+		if b.pageable {
+			if a.blocks[b.ptr] != b || b.ptr != s.start || s.end-s.start != uintptr(b.size) || b.state != stateAllocated || b.mem == nil || b.reg {
+				err = corrupt("pageable block %#x+%d indexed as [%#x,%#x), %v", b.ptr, b.size, s.start, s.end, b.state)
+				return false
+			}
+			want.Pageable.Add(1)
+			want.PageableBytes.Add(int64(b.size))
+			return true
+		}
 		if err = a.checkBlock(b, s); err != nil {
 			return false
 		}
@@ -102,6 +120,11 @@ func (a *Allocator) check() error {
 	if err != nil {
 		return err
 	}
+	if a.exp != nil {
+		if err := a.checkExp(&want, &pendingBlocks); err != nil {
+			return err
+		}
+	}
 	if nBlocks != len(a.blocks) {
 		return corrupt("%d blocks indexed by address, %d in the block map", nBlocks, len(a.blocks))
 	}
@@ -110,12 +133,12 @@ func (a *Allocator) check() error {
 	}
 	listed := make(map[*block]bool)
 	for _, b := range a.quarantine {
-		if listed[b] || !b.quarantined || b.state != stateFreePending || a.blocks[b.ptr] != b {
+		if listed[b] || !b.quarantined || b.state != stateFreePending || a.lookup(b.ptr) != b {
 			return corrupt("quarantined block %#x: listed twice, unflagged, unknown or %v", b.ptr, b.state)
 		}
 		listed[b] = true
 	}
-	for _, b := range a.blocks {
+	for _, b := range a.sortedBlocks() {
 		if b.quarantined && !listed[b] {
 			return corrupt("block %#x flagged quarantined but not listed", b.ptr)
 		}
@@ -127,9 +150,11 @@ func (a *Allocator) check() error {
 		return err
 	}
 	got := []stats.Stat{a.st.Allocation, a.st.AllocatedBytes, a.st.RequestedBytes, a.st.Active, a.st.ActiveBytes,
-		a.st.Segment, a.st.ReservedBytes, a.st.Registered, a.st.RegisteredBytes, a.st.Quarantined, a.st.QuarantinedBytes}
+		a.st.Segment, a.st.ReservedBytes, a.st.Registered, a.st.RegisteredBytes, a.st.Quarantined, a.st.QuarantinedBytes,
+		a.st.Pageable, a.st.PageableBytes}
 	names := []string{"allocation", "allocated_bytes", "requested_bytes", "active", "active_bytes",
-		"segment", "reserved_bytes", "registered", "registered_bytes", "quarantined", "quarantined_bytes"}
+		"segment", "reserved_bytes", "registered", "registered_bytes", "quarantined", "quarantined_bytes",
+		"pageable", "pageable_bytes"}
 	for i, w := range want.stats() {
 		g := got[i]
 		if g.Current != w.Current {
@@ -153,27 +178,14 @@ func (a *Allocator) checkBlock(b *block, s span) error {
 	if size, c := a.classes.round(b.size); size != b.size || c != b.class {
 		return corrupt("block %#x: %d bytes in class %d, but that size is class %d of %d bytes", b.ptr, b.size, b.class, c, size)
 	}
-	switch b.state {
-	case stateAllocated:
-		if b.req == 0 || b.req > b.size || b.events != 0 {
-			return corrupt("allocated block %#x: requested %d of %d bytes, %d events", b.ptr, b.req, b.size, b.events)
-		}
-	case stateFreePending:
-		if (b.events <= 0) != b.quarantined || b.req != 0 || len(b.uses) != 0 {
-			return corrupt("free-pending block %#x: %d events, requested %d, %d uses", b.ptr, b.events, b.req, len(b.uses))
-		}
-	case stateCached:
-		if b.events != 0 || b.req != 0 || len(b.uses) != 0 {
-			return corrupt("cached block %#x: %d events, requested %d, %d uses", b.ptr, b.events, b.req, len(b.uses))
-		}
-	default:
-		return corrupt("block %#x in state %v", b.ptr, b.state)
+	if err := checkState(b); err != nil {
+		return err
 	}
 	if a.cfg.UseHostRegister != (b.mem != nil) || (b.mem != nil && !b.reg) {
 		return corrupt("block %#x: OS memory %v, registered %v, with UseHostRegister %v", b.ptr, b.mem != nil, b.reg, a.cfg.UseHostRegister)
 	}
-	if b.devPtr != 0 && !b.reg {
-		return corrupt("block %#x has device address %#x but no registration", b.ptr, b.devPtr)
+	if b.devPtr != 0 && !b.reg && !b.mallocHost() {
+		return corrupt("block %#x of OS memory has device address %#x but no registration", b.ptr, b.devPtr)
 	}
 	return nil
 }
@@ -230,7 +242,7 @@ func (a *Allocator) checkEvents() error {
 				return corrupt("event %d pending twice", pe.ev)
 			}
 			events[pe.ev] = true
-			if pe.b.state != stateFreePending || a.blocks[pe.b.ptr] != pe.b {
+			if pe.b.state != stateFreePending || a.lookup(pe.b.ptr) != pe.b {
 				return corrupt("event %d on stream %d holds block %#x in state %v", pe.ev, ss.stream, pe.b.ptr, pe.b.state)
 			}
 			perBlock[pe.b]++
@@ -263,6 +275,8 @@ func (a *Allocator) checkDriver() error {
 		switch {
 		case s.b != nil && s.b.devPtr != 0:
 			p, want = s.b.ptr, s.b.devPtr
+		case s.c != nil:
+			p, want = s.c.base, s.c.devPtr
 		case s.r != nil && s.r.devPtr != 0:
 			p, want = s.r.ptr, s.r.devPtr
 		default:
@@ -278,4 +292,120 @@ func (a *Allocator) checkDriver() error {
 		return err == nil
 	})
 	return err
+}
+
+func boolInt(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
+}
+
+// checkChunk checks one chunk against its index entry and the heap. mu
+// held.
+func (a *Allocator) checkChunk(c *chunk, s span) error {
+	if a.exp == nil {
+		return corrupt("chunk %#x without expandable segments", c.base)
+	}
+	if c.base != s.start || s.end-s.start != uintptr(c.size) || c.size == 0 || c.size%ChunkGranule != 0 || c.devPtr == 0 {
+		return corrupt("chunk %#x+%d (device %#x) indexed as [%#x,%#x)", c.base, c.size, c.devPtr, s.start, s.end)
+	}
+	info, ok := a.exp.heap.Region(c.rid)
+	if !ok || info.Base != c.base || info.Size != c.size {
+		return corrupt("chunk %#x+%d is region %d of the heap: %+v", c.base, c.size, c.rid, info)
+	}
+	if a.exp.va.RegionAt(c.base) == 0 || a.exp.va.Lookup(c.base) == 0 || a.exp.va.Size(a.exp.va.Lookup(c.base)) != c.size {
+		return corrupt("chunk %#x+%d is not an allocated range of a reservation", c.base, c.size)
+	}
+	return nil
+}
+
+// checkExp checks the expandable blocks against the heap, recounting them
+// into want and the free-pending ones into pending. mu held.
+func (a *Allocator) checkExp(want *Stats, pending *int) error {
+	s := a.exp
+	if err := s.heap.Check(); err != nil {
+		return fmt.Errorf("%w: block heap: %w", ErrCorrupt, err)
+	}
+	if err := s.va.Check(); err != nil {
+		return fmt.Errorf("%w: reservations: %w", ErrCorrupt, err)
+	}
+	n := 0
+	for id, b := range s.byID {
+		if b == nil {
+			continue
+		}
+		n++
+		p, ok := s.heap.Peek(arena.BlockID(id))
+		switch {
+		case b.id != arena.BlockID(id) || !ok || p.State != arena.Allocated || p.Addr != b.ptr || p.Size != b.size:
+			return corrupt("block record %#x+%d (id %d) is heap block %d: %+v", b.ptr, b.size, b.id, id, p)
+		case b.class != -1 || b.mem != nil || b.reg || b.devPtr != 0 || b.pageable || b.size%pageSize != 0:
+			return corrupt("expandable block %#x: class %d, OS memory %v, registered %v, device %#x, pageable %v", b.ptr, b.class, b.mem != nil, b.reg, b.devPtr, b.pageable)
+		}
+		if err := checkState(b); err != nil {
+			return err
+		}
+		switch b.state {
+		case stateAllocated:
+			want.Allocation.Add(1)
+			want.AllocatedBytes.Add(int64(b.size))
+			want.RequestedBytes.Add(int64(b.req))
+			fallthrough
+		case stateFreePending:
+			want.Active.Add(1)
+			want.ActiveBytes.Add(int64(b.size))
+		}
+		if b.state == stateFreePending && !b.quarantined {
+			*pending++
+		}
+		if b.quarantined {
+			want.Quarantined.Add(1)
+			want.QuarantinedBytes.Add(int64(b.size))
+		}
+	}
+	if n != s.heap.Allocated() {
+		return corrupt("%d block records, the heap has %d allocated blocks", n, s.heap.Allocated())
+	}
+	var fastBytes uint64
+	seen := make(map[*block]bool)
+	for i, l := range s.fast {
+		for _, b := range l {
+			if b == nil || seen[b] || b.state != stateCached || b.size != uint64(i)<<pageShift || s.byID[b.id] != b {
+				return corrupt("fast cache list of %d pages holds a bad block", i)
+			}
+			seen[b] = true
+			fastBytes += b.size
+		}
+	}
+	if fastBytes != s.fastBytes {
+		return corrupt("fast cache holds %d bytes, counter says %d", fastBytes, s.fastBytes)
+	}
+	for _, b := range s.byID {
+		if b != nil && b.state == stateCached && !seen[b] {
+			return corrupt("cached block %#x is in no fast cache list", b.ptr)
+		}
+	}
+	return nil
+}
+
+// checkState checks the fields of b that its state fixes.
+func checkState(b *block) error {
+	switch b.state {
+	case stateAllocated:
+		if b.req == 0 || b.req > b.size || b.events != 0 {
+			return corrupt("allocated block %#x: requested %d of %d bytes, %d events", b.ptr, b.req, b.size, b.events)
+		}
+	case stateFreePending:
+		if (b.events <= 0) != b.quarantined || b.req != 0 || len(b.uses) != 0 {
+			return corrupt("free-pending block %#x: %d events, requested %d, %d uses", b.ptr, b.events, b.req, len(b.uses))
+		}
+	case stateCached:
+		if b.events != 0 || b.req != 0 || len(b.uses) != 0 {
+			return corrupt("cached block %#x: %d events, requested %d, %d uses", b.ptr, b.events, b.req, len(b.uses))
+		}
+	default:
+		return corrupt("block %#x in state %v", b.ptr, b.state)
+	}
+	return nil
 }

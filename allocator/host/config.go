@@ -15,6 +15,23 @@ const EnvVar = "VMMALLOC_HOST_CONF"
 // Config is the host allocator's policy. The zero value is not valid; start
 // from DefaultConfig or ParseConfig.
 type Config struct {
+	// ExpandableSegments selects the policy: true (the default where the
+	// operating system can reserve address space, Linux) carves blocks
+	// out of chunks of one reserved range, mapped and registered on demand
+	// and split and coalesced as the device allocator's expandable
+	// segments do; false is the size-class policy, one driver allocation
+	// per block, never split (the baseline). Key: expandable_segments,
+	// True or False.
+	ExpandableSegments bool
+	// PinnedBudgetMB is the process's pin budget in MiB (0: unlimited):
+	// New sets the limit of the budget the allocator shares (Budget, or
+	// ProcessPinBudget) to it. Default: DefaultPinnedBudgetMB, half of
+	// physical memory. Key: pinned_budget_mb.
+	PinnedBudgetMB int64
+	// Budget is the pin budget to share; nil is the process's
+	// (ProcessPinBudget). Not a key: for a framework that keeps separate
+	// budgets, and for tests.
+	Budget *PinBudget
 	// UseHostRegister selects where pinned blocks come from: false (the
 	// default) asks the driver for pinned memory (MallocHost / FreeHost);
 	// true maps anonymous memory from the operating system and pins it
@@ -33,7 +50,7 @@ type Config struct {
 
 // DefaultConfig is the configuration an empty string parses to.
 func DefaultConfig() Config {
-	return Config{RoundupDivisions: defaultDivisions}
+	return Config{RoundupDivisions: defaultDivisions, ExpandableSegments: canReserve, PinnedBudgetMB: DefaultPinnedBudgetMB()}
 }
 
 // defaultDivisions is the measured choice (see the package doc, "Size
@@ -47,6 +64,12 @@ func (c Config) Validate() error {
 	default:
 		return fmt.Errorf("%w: RoundupDivisions: %d, want 1, 2, 4 or 8", ErrInvalidConfig, c.RoundupDivisions)
 	}
+	if c.PinnedBudgetMB < 0 || c.PinnedBudgetMB > MaxSize>>20 {
+		return fmt.Errorf("%w: PinnedBudgetMB: %d, want 0 (unlimited) to %d", ErrInvalidConfig, c.PinnedBudgetMB, int64(MaxSize>>20))
+	}
+	if c.ExpandableSegments && !canReserve {
+		return fmt.Errorf("%w: expandable_segments: this operating system cannot reserve address space (Linux only)", ErrInvalidConfig)
+	}
 	if c.UseHostRegister && !canMapAnonymous {
 		return fmt.Errorf("%w: pinned_use_host_register: this operating system has no anonymous mmap", ErrInvalidConfig)
 	}
@@ -59,7 +82,12 @@ func (c Config) String() string {
 	if c.UseHostRegister {
 		reg = "True"
 	}
-	return fmt.Sprintf("pinned_use_host_register:%s,pinned_roundup_power2_divisions:%d", reg, c.RoundupDivisions)
+	exp := "False"
+	if c.ExpandableSegments {
+		exp = "True"
+	}
+	return fmt.Sprintf("expandable_segments:%s,pinned_use_host_register:%s,pinned_roundup_power2_divisions:%d,pinned_budget_mb:%d",
+		exp, reg, c.RoundupDivisions, c.PinnedBudgetMB)
 }
 
 // ConfigFromEnv parses $VMMALLOC_HOST_CONF over DefaultConfig.
@@ -95,6 +123,21 @@ func (c *Config) set(k, v string) error {
 		default:
 			return badValue(k, v, "want True or False")
 		}
+	case "expandable_segments":
+		switch strings.ToLower(v) {
+		case "true", "1":
+			c.ExpandableSegments = true
+		case "false", "0":
+			c.ExpandableSegments = false
+		default:
+			return badValue(k, v, "want True or False")
+		}
+	case "pinned_budget_mb":
+		n, err := strconv.ParseInt(v, 10, 64)
+		if err != nil || n < 0 || n > MaxSize>>20 {
+			return badValue(k, v, "want a whole number of MiB, 0 for unlimited")
+		}
+		c.PinnedBudgetMB = n
 	case "pinned_roundup_power2_divisions":
 		n, err := strconv.Atoi(v)
 		if err != nil || (n != 1 && n != 2 && n != 4 && n != 8) {

@@ -62,7 +62,11 @@ func deviceSubject(t *testing.T) streamSubject {
 func hostSubject(t *testing.T) streamSubject {
 	e, err := emulated.New(emulated.WithManualCompletion())
 	require.NoError(t, err)
-	a, err := host.New(e, host.DefaultConfig())
+	// The size-class policy: the emulator's stream work reads MallocHost
+	// memory only.
+	cfg, err := host.ParseConfig("expandable_segments:False,pinned_budget_mb:0")
+	require.NoError(t, err)
+	a, err := host.New(e, cfg)
 	require.NoError(t, err)
 	t.Cleanup(func() {
 		require.NoError(t, e.CompleteAll())

@@ -22,4 +22,7 @@ var (
 	ErrOutOfMemory     = errors.New("vmmalloc/host: out of pinned memory")
 	ErrNoHostMemory    = errors.New("vmmalloc/host: driver has no host-memory capability (backend.HostMemory)")
 	ErrCorrupt         = errors.New("vmmalloc/host: invariant violated")
+	// ErrBudget is wrapped by a *BudgetError: the process's pin budget
+	// (pinned_budget_mb) refused a pin.
+	ErrBudget = errors.New("vmmalloc/host: pinned memory budget exhausted")
 )

@@ -12,7 +12,11 @@ import (
 // has completed.
 func Example() {
 	drv, _ := emulated.New(emulated.WithManualCompletion())
-	cfg, _ := host.ParseConfig("") // or host.ConfigFromEnv(): $VMMALLOC_HOST_CONF
+	// The size-class policy: the emulator's queued copies read MallocHost
+	// memory. ParseConfig("") is expandable segments (see
+	// ExampleAllocator_MallocWith); host.ConfigFromEnv() reads
+	// $VMMALLOC_HOST_CONF.
+	cfg, _ := host.ParseConfig("expandable_segments:False")
 	a, _ := host.New(drv, cfg)
 	defer a.Close()
 	copies, _ := drv.StreamCreate(0)
@@ -62,11 +66,11 @@ func ExampleAllocator_Register() {
 
 // ExampleParseConfig reads the host allocator's configuration string.
 func ExampleParseConfig() {
-	cfg, err := host.ParseConfig("pinned_use_host_register:True,pinned_roundup_power2_divisions:1")
+	cfg, err := host.ParseConfig("expandable_segments:False,pinned_use_host_register:True,pinned_roundup_power2_divisions:1,pinned_budget_mb:0")
 	fmt.Println(cfg, err)
 	_, err = host.ParseConfig("pinned_roundup_power2_divisions:3")
 	fmt.Println(err)
 	// Output:
-	// pinned_use_host_register:True,pinned_roundup_power2_divisions:1 <nil>
+	// expandable_segments:False,pinned_use_host_register:True,pinned_roundup_power2_divisions:1,pinned_budget_mb:0 <nil>
 	// vmmalloc/host: invalid config: pinned_roundup_power2_divisions: bad value "3": want 1, 2, 4 or 8
 }

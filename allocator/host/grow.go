@@ -1,30 +1,40 @@
 package host
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
+	"slices"
 	"unsafe"
 
+	"github.com/vmmalloc/vmmalloc/arena"
 	"github.com/vmmalloc/vmmalloc/backend"
+	"github.com/vmmalloc/vmmalloc/stats"
 )
 
-// grow obtains a new block of class c (rounded bytes) for a request of size
-// bytes. When the driver is out of memory it climbs a ladder:
-//  1. release every cached block (events polled first) and retry;
+// grow obtains a new block for a request of size bytes: a block of its
+// class from the driver, or a new chunk (expandable segments). When the
+// driver is out of memory, or the pin budget refuses, it climbs a ladder:
+//  1. release every cached block, or every wholly free chunk (events
+//     polled first), and retry;
 //  2. wait for the events of free-pending blocks and end the quarantine
 //     (a device-wide wait: settleQuarantine), release them, and retry;
 //  3. return an error wrapping ErrOutOfMemory and the driver's error.
 //
 // mu held.
-func (a *Allocator) grow(rounded uint64, c int, size uint64) (*block, error) {
-	b, err := a.obtain(rounded, c)
-	if err == nil || !errors.Is(err, backend.ErrOutOfMemory) {
+func (a *Allocator) grow(size uint64) (*block, error) {
+	rounded, c := a.classes.round(size)
+	if a.exp != nil {
+		rounded = roundPage(size)
+	}
+	b, err := a.obtain(rounded, c, size)
+	if err == nil || !outOfMemory(err) {
 		return b, err
 	}
 	a.processEvents()
-	if a.st.Segment.Current > a.st.Active.Current { // some block is cached
+	if a.hasCached() {
 		_ = a.releaseCached(false) // what cannot be released stays cached
-		if b, err = a.obtain(rounded, c); err == nil || !errors.Is(err, backend.ErrOutOfMemory) {
+		if b, err = a.obtain(rounded, c, size); err == nil || !outOfMemory(err) {
 			return b, err
 		}
 	}
@@ -35,26 +45,54 @@ func (a *Allocator) grow(rounded uint64, c int, size uint64) (*block, error) {
 		}
 		if e == nil {
 			_ = a.releaseCached(false)
-			if b, err = a.obtain(rounded, c); err == nil || !errors.Is(err, backend.ErrOutOfMemory) {
+			if b, err = a.obtain(rounded, c, size); err == nil || !outOfMemory(err) {
 				return b, err
 			}
 		}
 	}
 	a.st.NumOOMs++
+	if a.hist != nil {
+		a.histRecord(stats.TraceOOM, 0, size)
+	}
 	return nil, fmt.Errorf("%w: %d bytes requested (%d-byte class); %d bytes held, %d allocated: %w",
 		ErrOutOfMemory, size, rounded, a.st.ReservedBytes.Current, a.st.AllocatedBytes.Current, err)
 }
 
-// obtain gets a block of rounded bytes from the driver and indexes it.
+// outOfMemory reports whether err is the driver's out-of-memory or the pin
+// budget's refusal: the errors the ladder climbs for.
+func outOfMemory(err error) bool {
+	return errors.Is(err, backend.ErrOutOfMemory) || errors.Is(err, ErrBudget)
+}
+
+// hasCached reports whether anything could be released: a cached block, or
+// with expandable segments a chunk. mu held.
+func (a *Allocator) hasCached() bool {
+	if a.exp != nil {
+		return a.st.Segment.Current > 0
+	}
+	return a.st.Segment.Current > a.st.Active.Current
+}
+
+// obtain gets a block of rounded bytes from the driver and indexes it, or
+// with expandable segments a new chunk for a request of size bytes
+// (obtainExp).
 // The driver calls (MallocHost, or mmap and HostRegister) run with mu
 // dropped (callUnlocked): pinning memory can take milliseconds per
 // megabyte, and other goroutines' cache hits go on meanwhile. On failure
 // nothing changes; if the allocator was closed meanwhile, the block is
 // cached for Close to release and ErrClosed is returned. mu held (dropped
 // while the driver works).
-func (a *Allocator) obtain(rounded uint64, c int) (*block, error) {
+func (a *Allocator) obtain(rounded uint64, c int, size uint64) (*block, error) {
+	if a.exp != nil {
+		return a.obtainExp(size)
+	}
+	if err := a.budget.Reserve(rounded); err != nil {
+		a.st.NumBudgetDenials++
+		return nil, err
+	}
 	b := &block{size: rounded, class: c}
 	if err := a.callUnlocked(func() error { return a.pin(b) }); err != nil {
+		a.budget.Release(rounded)
 		return nil, err
 	}
 	a.blocks[b.ptr] = b
@@ -62,6 +100,9 @@ func (a *Allocator) obtain(rounded uint64, c int) (*block, error) {
 	a.st.Segment.Add(1)
 	a.st.ReservedBytes.Add(int64(b.size))
 	a.st.NumHostAlloc++
+	if a.hist != nil {
+		a.histRecord(stats.TraceSegmentAlloc, b.ptr, b.size)
+	}
 	if a.closed {
 		// Close waits for this call (inflight) and then releases the
 		// cache, this block with it (never active: not cache's count).
@@ -130,8 +171,13 @@ func (a *Allocator) release(b *block, sync bool) error {
 	return nil
 }
 
-// forget drops released block b from the indexes and statistics. mu held.
+// forget drops released block b from the indexes and statistics, and
+// gives its bytes back to the budget. mu held.
 func (a *Allocator) forget(b *block) {
+	a.budget.Release(b.size)
+	if a.hist != nil {
+		a.histRecord(stats.TraceSegmentFree, b.ptr, b.size)
+	}
 	delete(a.blocks, b.ptr)
 	a.spans.Delete(span{start: b.ptr})
 	a.st.Segment.Add(-1)
@@ -140,9 +186,12 @@ func (a *Allocator) forget(b *block) {
 	b.mem = nil
 }
 
-// releaseCached releases every cached block; those that fail stay cached.
-// mu held.
+// releaseCached releases every cached block, or with expandable segments
+// every wholly free chunk; those that fail stay cached. mu held.
 func (a *Allocator) releaseCached(sync bool) error {
+	if a.exp != nil {
+		return a.releaseChunks()
+	}
 	var errs []error
 	for c, l := range a.free {
 		if len(l) == 0 {
@@ -193,7 +242,8 @@ func (a *Allocator) EmptyCache() error {
 func (a *Allocator) Close() error {
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	if a.closed && len(a.blocks) == 0 && a.spans.Len() == 0 && a.idleEvents() == 0 && len(a.quarantine) == 0 {
+	if a.closed && len(a.blocks) == 0 && a.spans.Len() == 0 && a.idleEvents() == 0 && len(a.quarantine) == 0 &&
+		(a.exp == nil || len(a.exp.resv) == 0) {
 		return ErrClosed
 	}
 	a.closed = true
@@ -206,6 +256,10 @@ func (a *Allocator) Close() error {
 	var errs []error
 	for _, b := range a.sortedBlocks() {
 		if b.state != stateAllocated {
+			continue
+		}
+		if b.pageable {
+			a.releasePageable(b)
 			continue
 		}
 		for _, ss := range b.uses {
@@ -231,6 +285,9 @@ func (a *Allocator) Close() error {
 		a.cache(b)
 	}
 	errs = append(errs, a.releaseCached(true))
+	if a.exp != nil {
+		errs = append(errs, a.unreserveAll())
+	}
 	var regs []*registration
 	a.spans.Ascend(func(s span) bool {
 		if s.r != nil {
@@ -310,7 +367,7 @@ func (a *Allocator) settleQuarantine(closing bool) error {
 	kept := a.quarantine[:0]
 	for _, b := range a.quarantine {
 		switch {
-		case b.mem == nil:
+		case b.mallocHost():
 			if err := a.freeWithDevSync(b); err != nil {
 				errs = append(errs, err)
 				kept = append(kept, b)
@@ -363,8 +420,17 @@ func (a *Allocator) sortedBlocks() []*block {
 		}
 		return true
 	})
+	if a.exp != nil {
+		out = a.blocksExp(out)
+		slices.SortFunc(out, func(x, y *block) int { return cmp.Compare(x.ptr, y.ptr) })
+	}
 	return out
 }
+
+// mallocHost reports whether b is a MallocHost block (FreeHost gives it
+// back): neither OS memory of the size-class policy nor a chunk's block
+// nor pageable.
+func (b *block) mallocHost() bool { return b.mem == nil && b.id == arena.NoBlock && !b.pageable }
 
 func (a *Allocator) idleEvents() int {
 	n := 0

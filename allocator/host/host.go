@@ -6,6 +6,7 @@ import (
 	"sync"
 
 	"github.com/google/btree"
+	"github.com/vmmalloc/vmmalloc/arena"
 	"github.com/vmmalloc/vmmalloc/backend"
 	"github.com/vmmalloc/vmmalloc/stats"
 )
@@ -18,6 +19,16 @@ type Allocator struct {
 	sv      backend.StreamValidator // asks the driver whether a caller's stream exists; immutable
 	cfg     Config
 	classes sizeClasses
+	budget  *PinBudget // the pin budget every pin asks first (Config.Budget or ProcessPinBudget); immutable
+	// exp is the state of expandable segments, nil with the size-class
+	// policy (Config.ExpandableSegments false). Its fields: mu.
+	exp *segments
+	// registerMallocHost: the driver gives MallocHost memory no device
+	// address unregistered (it refused HostGetDevicePointer once), so
+	// mapBlock registers such blocks (ACL) instead of asking first. mu.
+	registerMallocHost bool
+	// hist is the memory history (RecordHistory), nil while off. mu.
+	hist *stats.History
 
 	mu         sync.Mutex
 	closed     bool                            // Close was called; mu
@@ -66,16 +77,23 @@ func (s blockState) String() string {
 	return fmt.Sprintf("blockState(%d)", int(s))
 }
 
-// block is one pinned allocation from the driver, never split.
+// block is an allocation Malloc hands out: with the size-class policy one
+// pinned allocation from the driver, never split; with expandable segments
+// a block of a chunk's heap (id), page-rounded; or pageable memory
+// (MallocWith's fallback). Expandable records are recycled (segments.spare).
 type block struct {
-	ptr    uintptr    // host address
-	size   uint64     // nbytes obtained: the class size
-	class  int        // index into Allocator.free
-	req    uint64     // nbytes asked for by the current allocation; 0 unless allocated
-	state  blockState //
-	devPtr uintptr    // device address of the block, 0 until known
-	reg    bool       // the allocator holds a HostRegister of the whole block
-	mem    []byte     // UseHostRegister: the OS mapping (nil with MallocHost)
+	ptr   uintptr       // host address
+	size  uint64        // nbytes obtained: the class size, or the page-rounded request
+	class int           // index into Allocator.free; -1 unless the size-class policy made it
+	id    arena.BlockID // the heap block, with expandable segments; else arena.NoBlock
+	// pageable: MallocWith's fallback, OS memory neither pinned nor
+	// registered, given back at its Free (mem).
+	pageable bool
+	req      uint64     // nbytes asked for by the current allocation; 0 unless allocated
+	state    blockState //
+	devPtr   uintptr    // device address of the block, 0 until known
+	reg      bool       // the allocator holds a HostRegister of the whole block
+	mem      []byte     // UseHostRegister: the OS mapping (nil with MallocHost)
 	// uses are the streams recorded on the current allocation, as the
 	// states RecordStream validated: a stream found destroyed since is
 	// gone there even if the driver gave its id to a new stream.
@@ -96,12 +114,14 @@ type registration struct {
 	devPtr uintptr // device address, 0 until DevicePointer asks the driver
 }
 
-// span is an entry of the address index: exactly one of b and r is set.
+// span is an entry of the address index: exactly one of b, r and c is set.
+// Blocks of expandable segments are not indexed: their chunk is.
 type span struct {
 	start uintptr
 	end   uintptr // exclusive
 	b     *block
 	r     *registration
+	c     *chunk
 }
 
 func spanLess(x, y span) bool { return x.start < y.start }
@@ -174,6 +194,16 @@ type Stats struct {
 	NumSyncFallback int64 // stream waits because an event could not be recorded on a live stream
 	NumDeviceSyncs  int64 // device-wide waits that ended a quarantine (EmptyCache, out of memory, Close)
 	NumOOMs         int64 // Malloc calls that failed for lack of memory
+	// Pageable counts MallocWith's pageable fallbacks still allocated.
+	Pageable      stats.Stat
+	PageableBytes stats.Stat // nbytes of those (page-rounded)
+
+	NumBudgetDenials     int64 // pins the budget refused (each then climbs the out-of-memory ladder)
+	NumPageableFallbacks int64 // MallocWith calls served with pageable memory
+
+	// Budget is the pin budget this allocator shares, as it stood when the
+	// statistics were read (process-wide, unless Config.Budget).
+	Budget BudgetStats
 }
 
 // New creates a host allocator over drv, which must implement
@@ -189,7 +219,13 @@ func New(drv backend.Driver, cfg Config) (*Allocator, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
+	budget := cfg.Budget
+	if budget == nil {
+		budget = ProcessPinBudget()
+	}
+	budget.SetLimit(uint64(cfg.PinnedBudgetMB) << 20)
 	a := &Allocator{
+		budget:  budget,
 		drv:     drv,
 		hm:      hm,
 		sv:      backend.NewStreamValidator(drv, backend.AnyDevice),
@@ -201,6 +237,13 @@ func New(drv backend.Driver, cfg Config) (*Allocator, error) {
 		idle:    make([][]backend.Event, drv.DeviceCount()),
 	}
 	a.free = make([][]*block, a.classes.count())
+	if cfg.ExpandableSegments {
+		s, err := newSegments()
+		if err != nil {
+			return nil, err
+		}
+		a.exp = s
+	}
 	a.quiet.L = &a.mu
 	return a, nil
 }
@@ -225,26 +268,40 @@ func (a *Allocator) Config() Config { return a.cfg }
 func (a *Allocator) Malloc(size uint64) (uintptr, error) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
+	b, err := a.malloc(size)
+	if err != nil {
+		return 0, err
+	}
+	return b.ptr, nil
+}
+
+// malloc is Malloc. mu held.
+func (a *Allocator) malloc(size uint64) (*block, error) {
 	if a.closed { // before the arguments: after Close every call is ErrClosed
-		return 0, ErrClosed
+		return nil, ErrClosed
 	}
 	if size == 0 || size > MaxSize {
-		return 0, fmt.Errorf("%w: %d bytes (want 1..%d)", ErrInvalidSize, size, uint64(MaxSize))
+		return nil, fmt.Errorf("%w: %d bytes (want 1..%d)", ErrInvalidSize, size, uint64(MaxSize))
 	}
 	if a.pending > 0 {
 		a.processEvents()
 	}
-	rounded, c := a.classes.round(size)
 	var b *block
-	if l := a.free[c]; len(l) > 0 {
+	if a.exp != nil {
+		var err error
+		if b, err = a.mallocExp(size); err != nil {
+			return nil, err
+		}
+	} else if _, c := a.classes.round(size); len(a.free[c]) > 0 {
+		l := a.free[c]
 		b = l[len(l)-1]
 		l[len(l)-1] = nil
 		a.free[c] = l[:len(l)-1]
 		a.st.CacheHits++
 	} else {
 		var err error
-		if b, err = a.grow(rounded, c, size); err != nil {
-			return 0, err
+		if b, err = a.grow(size); err != nil {
+			return nil, err
 		}
 	}
 	b.state = stateAllocated
@@ -254,7 +311,10 @@ func (a *Allocator) Malloc(size uint64) (uintptr, error) {
 	a.st.Allocation.Add(1)
 	a.st.AllocatedBytes.Add(int64(b.size))
 	a.st.RequestedBytes.Add(int64(size))
-	return b.ptr, nil
+	if a.hist != nil {
+		a.histRecord(stats.TraceAlloc, b.ptr, b.size)
+	}
+	return b, nil
 }
 
 // Free returns ptr to the cache. If streams were recorded on the block
@@ -272,9 +332,15 @@ func (a *Allocator) Free(ptr uintptr) error {
 	if a.closed {
 		return ErrClosed
 	}
-	b := a.blocks[ptr]
+	b := a.lookup(ptr)
 	if b == nil || b.state != stateAllocated {
 		return a.badPointer(ptr)
+	}
+	if a.hist != nil {
+		a.histRecord(stats.TraceFreeRequested, b.ptr, b.size)
+	}
+	if b.pageable {
+		return a.freePageable(b)
 	}
 	quarantine := false
 	if len(b.uses) > 0 {
@@ -308,10 +374,23 @@ func (a *Allocator) Free(ptr uintptr) error {
 	return nil
 }
 
-// cache puts a block that is no longer active into its free list. mu held.
+// cache puts a block that is no longer active into its free list (the
+// size-class policy) or back into the fast cache or the heap (expandable
+// segments). mu held.
 func (a *Allocator) cache(b *block) {
+	if a.hist != nil {
+		a.histRecord(stats.TraceFreeCompleted, b.ptr, b.size)
+	}
+	if b.pageable {
+		a.releasePageable(b)
+		return
+	}
 	a.st.Active.Add(-1)
 	a.st.ActiveBytes.Add(-int64(b.size))
+	if a.exp != nil {
+		a.cacheExp(b)
+		return
+	}
 	b.state = stateCached
 	a.free[b.class] = append(a.free[b.class], b)
 }
@@ -346,6 +425,9 @@ func (a *Allocator) overlaps(p, end uintptr) bool {
 // block. mu held.
 func (a *Allocator) badPointer(ptr uintptr) error {
 	s, ok := a.spanAt(ptr)
+	if ok && s.c != nil {
+		return a.badPointerExp(ptr, s.c)
+	}
 	switch {
 	case !ok:
 		return fmt.Errorf("%w: %#x", ErrUnknownPointer, ptr)
@@ -378,7 +460,7 @@ func (a *Allocator) RecordStream(ptr uintptr, s backend.Stream) error {
 	if a.closed {
 		return ErrClosed
 	}
-	b := a.blocks[ptr]
+	b := a.lookup(ptr)
 	if b == nil || b.state != stateAllocated {
 		return a.badPointer(ptr)
 	}
@@ -463,9 +545,19 @@ func (a *Allocator) DevicePointer(p uintptr) (uintptr, error) {
 		}
 		return r.devPtr + off, nil
 	}
+	if c := s.c; c != nil {
+		b := a.blockIn(p)
+		if b == nil || b.state != stateAllocated {
+			return 0, fmt.Errorf("%w: %#x lies in free pinned memory", ErrUnknownPointer, p)
+		}
+		return c.devPtr + off, nil
+	}
 	b := s.b
 	if b.state != stateAllocated {
 		return 0, fmt.Errorf("%w: %#x lies in a freed block", ErrUnknownPointer, p)
+	}
+	if b.pageable {
+		return 0, fmt.Errorf("%w: %#x is pageable memory (MallocWith's fallback)", ErrNotMapped, p)
 	}
 	if b.devPtr == 0 {
 		if err := a.mapBlock(b); err != nil {
@@ -475,10 +567,26 @@ func (a *Allocator) DevicePointer(p uintptr) (uintptr, error) {
 	return b.devPtr + off, nil
 }
 
-// mapBlock registers block b for the device and learns its device address.
-// On failure nothing changes, unless the registration cannot be undone: then
+// mapBlock learns the device address of block b. A MallocHost block is
+// asked for it directly: CUDA maps cuMemHostAlloc memory for the device
+// (DEVICEMAP) and refuses to register it (cuMemHostRegister of
+// cuMemHostAlloc memory is CUDA_ERROR_INVALID_VALUE, measured on an H200).
+// Only where the driver has no address for it unregistered (ACL, and the
+// emulator that follows it) is it registered (HostRegister, MAPPED). On
+// failure nothing changes, unless the registration cannot be undone: then
 // b keeps it (b.reg) for release to undo. mu held.
 func (a *Allocator) mapBlock(b *block) error {
+	if !b.reg && b.mem == nil && !a.registerMallocHost {
+		d, err := a.hm.HostGetDevicePointer(b.ptr)
+		switch {
+		case err == nil:
+			b.devPtr = d
+			return nil
+		case !errors.Is(err, backend.ErrInvalidArgument):
+			return err
+		}
+		a.registerMallocHost = true // the driver wants a registration: ask it once only
+	}
 	registered := false
 	if !b.reg {
 		if err := a.hm.HostRegister(b.ptr, b.size, backend.HostRegisterMapped); err != nil {
@@ -505,7 +613,9 @@ func (a *Allocator) mapBlock(b *block) error {
 func (a *Allocator) Stats() Stats {
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	return a.st
+	st := a.st
+	st.Budget = a.budget.Stats()
+	return st
 }
 
 // ResetPeakStats sets every peak to its current value.
@@ -526,11 +636,13 @@ func (a *Allocator) ResetAccumulatedStats() {
 	}
 	a.st.CacheHits, a.st.NumHostAlloc, a.st.NumHostFree = 0, 0, 0
 	a.st.NumEventsCreate, a.st.NumEventRecords, a.st.NumSyncFallback, a.st.NumDeviceSyncs, a.st.NumOOMs = 0, 0, 0, 0, 0
+	a.st.NumBudgetDenials, a.st.NumPageableFallbacks = 0, 0
 }
 
 func (s *Stats) stats() []*stats.Stat {
 	return []*stats.Stat{&s.Allocation, &s.AllocatedBytes, &s.RequestedBytes, &s.Active, &s.ActiveBytes,
-		&s.Segment, &s.ReservedBytes, &s.Registered, &s.RegisteredBytes, &s.Quarantined, &s.QuarantinedBytes}
+		&s.Segment, &s.ReservedBytes, &s.Registered, &s.RegisteredBytes, &s.Quarantined, &s.QuarantinedBytes,
+		&s.Pageable, &s.PageableBytes}
 }
 
 // MemoryAllocated is the nbytes of allocated blocks.

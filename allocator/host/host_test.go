@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"math"
 	"math/rand/v2"
+	"strings"
 	"sync"
 	"syscall"
 	"testing"
@@ -46,8 +47,18 @@ func newHostOver(t testing.TB, conf string, wrap func(*emulated.Emulator) backen
 	t.Helper()
 	e, err := emulated.New(opts...)
 	require.NoError(t, err)
+	if !strings.Contains(conf, "expandable_segments") {
+		// The tests that launch emulated work on blocks need MallocHost
+		// memory (the emulator's stream work sees no other host memory):
+		// they pin the size-class policy unless they name one.
+		conf = "expandable_segments:False," + conf
+	}
+	if !strings.Contains(conf, "pinned_budget_mb") {
+		conf += ",pinned_budget_mb:0" // unlimited unless the test sets a budget
+	}
 	cfg, err := ParseConfig(conf)
 	require.NoError(t, err)
+	cfg.Budget = NewPinBudget(0) // its own budget, so that tests do not share the process's
 	a, err := New(wrap(e), cfg)
 	require.NoError(t, err)
 	t.Cleanup(func() {
@@ -81,12 +92,15 @@ func mustCheck(t testing.TB, a *Allocator, e *emulated.Emulator) {
 		if b.reg {
 			regs++
 		}
-		if b.mem == nil {
+		if b.mallocHost() {
 			hostBlocks++
 			hostBytes += b.size
 		}
 	}
 	regs += int(a.st.Registered.Current)
+	if a.exp != nil {
+		regs += int(a.st.Segment.Current) // every chunk is one registration
+	}
 	events := a.idleEvents()
 	for _, ss := range a.slist {
 		events += len(ss.pending())

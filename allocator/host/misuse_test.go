@@ -38,6 +38,8 @@ func TestClosedBeforeArguments(t *testing.T) {
 		{"RecordStream ^0, stream ^0", func() error { return a.RecordStream(^uintptr(0), ^backend.Stream(0)) }},
 		{"EmptyCache", a.EmptyCache},
 		{"Check", a.Check}, // ErrClosed too, not nil
+		{"MallocWith 0, AllowPageable", func() error { _, err := a.MallocWith(0, MallocOptions{AllowPageable: true}); return err }},
+		{"RecordHistory -1", func() error { return a.RecordHistory(-1) }},
 		{"Close", a.Close},
 	}
 	covered := map[string]bool{}
@@ -100,9 +102,9 @@ func TestDriverFaultsChangeNothing(t *testing.T) {
 func devPtr(a *Allocator) error {
 	a.mu.Lock()
 	var p uintptr
-	for ptr, b := range a.blocks {
-		if b.state == stateAllocated {
-			p = ptr
+	for _, b := range a.sortedBlocks() {
+		if b.state == stateAllocated && !b.pageable {
+			p = b.ptr
 		}
 	}
 	a.mu.Unlock()
@@ -202,7 +204,8 @@ func TestParseConfigMisuse(t *testing.T) {
 		{"pinned_roundup_power2_divisions:3", "pinned_roundup_power2_divisions"},
 		{"pinned_roundup_power2_divisions:-1", "pinned_roundup_power2_divisions"},
 		{"pinned_roundup_power2_divisions:99999999999999999999", "pinned_roundup_power2_divisions"},
-		{"expandable_segments:True", "expandable_segments"},
+		{"expandable_segments:yes", "expandable_segments"},
+		{"pinned_budget_mb:-5", "pinned_budget_mb"},
 	} {
 		t.Run(tc.in, func(t *testing.T) {
 			c, err := ParseConfig(tc.in)

@@ -59,7 +59,7 @@ func (a *Allocator) Unregister(p uintptr) error {
 	switch {
 	case !ok:
 		return fmt.Errorf("%w: %#x", ErrNotRegistered, p)
-	case s.b != nil:
+	case s.b != nil || s.c != nil:
 		return fmt.Errorf("%w: %#x lies in a block of this allocator (use Free)", ErrNotRegistered, p)
 	case s.start != p:
 		return fmt.Errorf("%w: %#x is %d bytes into the range registered at %#x", ErrInteriorPointer, p, p-s.start, s.start)

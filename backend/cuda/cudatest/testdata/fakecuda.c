@@ -968,6 +968,12 @@ CUresult cuMemHostRegister_v2(void *p, size_t size, unsigned int flags) {
 	for (struct hostblock *b = hostblocks; b; b = b->next)
 		if (b->registered && (uintptr_t)p < b->p + b->size && b->p < (uintptr_t)p + size)
 			RETURN(CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED);
+	/* Memory from cuMemHostAlloc is pinned already, and CUDA refuses to
+	 * register it: CUDA_ERROR_INVALID_VALUE (measured on an H200; ACL's
+	 * aclrtHostRegister accepts aclrtMallocHost memory). */
+	for (struct hostblock *b = hostblocks; b; b = b->next)
+		if (!b->registered && (uintptr_t)p < b->p + b->size && b->p < (uintptr_t)p + size)
+			RETURN(CUDA_ERROR_INVALID_VALUE);
 	struct hostblock *b = calloc(1, sizeof *b);
 	b->p = (uintptr_t)p;
 	b->size = size;
