@@ -24,6 +24,7 @@ func TestParseConfig(t *testing.T) {
 		{in: "pinned_use_host_register:0,pinned_roundup_power2_divisions:8", want: def},
 		{in: "pinned_roundup_power2_divisions:1,", want: with(func(c *Config) { c.RoundupDivisions = 1 })},
 		{in: "expandable_segments:False", want: with(func(c *Config) { c.ExpandableSegments = false })},
+		{in: "pinned_release_on_grow:True", want: with(func(c *Config) { c.ReleaseOnGrow = true })},
 		{in: "pinned_budget_mb:0", want: with(func(c *Config) { c.PinnedBudgetMB = 0 })},
 		{in: "pinned_budget_mb:1024,expandable_segments:false", want: with(func(c *Config) { c.PinnedBudgetMB, c.ExpandableSegments = 1024, false })},
 		{in: "pinned_use_host_register:yes", err: `pinned_use_host_register: bad value "yes"`},

@@ -71,6 +71,6 @@ func ExampleParseConfig() {
 	_, err = host.ParseConfig("pinned_roundup_power2_divisions:3")
 	fmt.Println(err)
 	// Output:
-	// expandable_segments:False,pinned_use_host_register:True,pinned_roundup_power2_divisions:1,pinned_budget_mb:0 <nil>
+	// expandable_segments:False,pinned_use_host_register:True,pinned_roundup_power2_divisions:1,pinned_budget_mb:0,pinned_release_on_grow:False <nil>
 	// vmmalloc/host: invalid config: pinned_roundup_power2_divisions: bad value "3": want 1, 2, 4 or 8
 }

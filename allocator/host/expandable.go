@@ -117,6 +117,21 @@ func (a *Allocator) mallocExp(size uint64) (*block, error) {
 		a.st.CacheHits++
 		return a.record(id, addr, got), nil
 	}
+	// A miss. Blocks of the fast cache may be what keeps a free range too
+	// small: give them back to the heap and look again. Then unmap the
+	// chunks that are wholly free (none can serve the request, and
+	// pinned memory that serves nothing is what the policy exists to
+	// avoid) before a new one is mapped.
+	if s.fastBytes > 0 {
+		a.flushFast()
+		if id, addr, got := s.heap.AllocFit(s.sid, 0, n, size, math.MaxUint64, pageSize); id != arena.NoBlock {
+			a.st.CacheHits++
+			return a.record(id, addr, got), nil
+		}
+	}
+	if a.cfg.ReleaseOnGrow {
+		_ = a.releaseChunks() // a chunk the driver refuses to unmap stays
+	}
 	return a.grow(size)
 }
 

@@ -12,7 +12,8 @@ import (
 
 // BenchmarkPoliciesOnTraces replays the allocations of the shared PyTorch
 // snapshots as pinned staging (every tensor staged through pinned memory,
-// as BenchmarkSizeClassesOnTraces does) under both policies, three times
+// as BenchmarkSizeClassesOnTraces does) under the size classes, expandable
+// segments, and expandable segments with pinned_release_on_grow (rog), three times
 // over as three steps of a training loop (what is still live at the end
 // of a step is freed). It reports held/live (peak pinned bytes over peak
 // bytes asked for and live), hit% (Malloc calls served without pinning),
@@ -39,11 +40,11 @@ func BenchmarkPoliciesOnTraces(b *testing.B) {
 			continue
 		}
 		name := strings.TrimSuffix(filepath.Base(f), ".pickle")
-		for _, pol := range []string{"classes", "expandable"} {
+		for _, pol := range []string{"classes", "expandable", "expandable-rog"} {
 			b.Run(name+"/"+pol, func(b *testing.B) {
 				var r stepReplay
 				for b.Loop() {
-					r = replaySteps(b, tr.Events, "expandable_segments:"+map[string]string{"classes": "False", "expandable": "True"}[pol], 3)
+					r = replaySteps(b, tr.Events, "expandable_segments:"+map[string]string{"classes": "False", "expandable": "True", "expandable-rog": "True,pinned_release_on_grow:True"}[pol], 3)
 				}
 				b.ReportMetric(float64(r.st.ReservedBytes.Peak)/float64(r.st.RequestedBytes.Peak), "held/live")
 				b.ReportMetric(100*float64(r.st.CacheHits)/float64(r.st.Allocation.Allocated), "hit%")
