@@ -1,6 +1,7 @@
 package host_test
 
 import (
+	"errors"
 	"fmt"
 
 	"github.com/vmmalloc/vmmalloc/allocator/host"
@@ -73,4 +74,34 @@ func ExampleParseConfig() {
 	// Output:
 	// expandable_segments:False,pinned_use_host_register:True,pinned_roundup_power2_divisions:1,pinned_budget_mb:0,pinned_release_on_grow:False <nil>
 	// vmmalloc/host: invalid config: pinned_roundup_power2_divisions: bad value "3": want 1, 2, 4 or 8
+}
+
+// ExampleAllocator_MallocWith shares a pin budget between two allocators
+// (expandable segments, the default): a request past the budget is
+// refused with a *host.BudgetError, or served with pageable memory where
+// the caller allows it.
+func ExampleAllocator_MallocWith() {
+	budget := host.NewPinBudget(0) // host.ProcessPinBudget() when Config.Budget is nil
+	cfg, _ := host.ParseConfig("pinned_budget_mb:64")
+	cfg.Budget = budget
+	drv, _ := emulated.New()
+	a, _ := host.New(drv, cfg)
+	defer a.Close()
+	b, _ := host.New(drv, cfg)
+	defer b.Close()
+
+	weights, _ := a.Malloc(60 << 20) // pins one 60 MiB chunk
+	_, err := b.Malloc(8 << 20)
+	var be *host.BudgetError
+	fmt.Println(errors.As(err, &be), be.Limit>>20, "MiB")
+	got, _ := b.MallocWith(8<<20, host.MallocOptions{AllowPageable: true})
+	fmt.Println("pinned:", got.Pinned)
+	_ = b.Free(got.Ptr)
+	_ = a.Free(weights)
+	_ = a.EmptyCache() // unmaps the chunk: its budget goes back
+	fmt.Println("pinned now:", budget.Stats().Pinned)
+	// Output:
+	// true 64 MiB
+	// pinned: false
+	// pinned now: 0
 }

@@ -168,7 +168,9 @@ type pendingEvent struct {
 
 // Stats are the host allocator's statistics, in the shape of the device
 // allocator's (stats.Stat: current, peak, allocated, freed). Blocks count
-// at their class size.
+// at their class size, or with expandable segments at the request rounded
+// up to a page; Segment and ReservedBytes count what is pinned: blocks of
+// the size-class policy, or chunks (each one registration).
 type Stats struct {
 	Allocation      stats.Stat // blocks handed out by Malloc and not yet freed (count)
 	AllocatedBytes  stats.Stat // nbytes of those blocks

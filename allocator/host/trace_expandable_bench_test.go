@@ -50,6 +50,7 @@ func BenchmarkPoliciesOnTraces(b *testing.B) {
 				b.ReportMetric(100*float64(r.st.CacheHits)/float64(r.st.Allocation.Allocated), "hit%")
 				b.ReportMetric(float64(r.st.NumHostAlloc), "pins")
 				b.ReportMetric(float64(r.steady), "steady-pins")
+				b.ReportMetric(float64(r.st.RequestedBytes.Peak)/(1<<20), "live-MiB")
 			})
 		}
 	}
