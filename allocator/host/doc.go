@@ -24,8 +24,9 @@
 //
 // # Expandable segments
 //
-// The allocator reserves host address space once (64 GiB at a time,
-// mmap(PROT_NONE, MAP_NORESERVE): no memory, no commit charge) and maps
+// The allocator reserves host address space (4 GiB first, each further
+// reservation twice the last, mmap(PROT_NONE, MAP_NORESERVE): no memory, no
+// commit charge) and maps
 // chunks of it on demand: a chunk is a whole number of 2 MiB granules
 // (ChunkGranule), made readable and writable (mprotect) and pinned and
 // mapped for the device with one HostRegister(MAPPED); its device address

@@ -13,10 +13,14 @@ const (
 	// ChunkGranule is the unit in which expandable segments pin: a chunk
 	// is a whole number of granules (2 MiB, the huge-page size).
 	ChunkGranule = 2 << 20
-	// reserveSize is the address space one reservation takes (64 GiB, no
-	// access and no commit charge); a chunk larger than that gets a
-	// reservation of its own size.
-	reserveSize = 64 << 30
+	// reserveSize is the address space the first reservation takes (4
+	// GiB, no access and no commit charge); each further one doubles, up
+	// to maxReserve, and a chunk larger than that gets a reservation of
+	// its own size. Small first, so that the many short-lived allocators
+	// of a test or fuzz run take little of the 128 TiB of user address
+	// space.
+	reserveSize = 4 << 30
+	maxReserve  = 1 << 40
 	// fastPages is the largest request, in pages, the per-size fast cache
 	// in front of the block heap keeps (1 MiB).
 	fastPages = 256
@@ -172,7 +176,10 @@ func (a *Allocator) cacheExp(b *block) {
 func (a *Allocator) toHeap(b *block) {
 	s := a.exp
 	if _, ok := s.heap.FreeAt(b.ptr); !ok {
-		panic(fmt.Sprintf("vmmalloc/host: block %#x is not allocated in the heap", b.ptr)) // a bug: Check reports it first
+		// Not an allocated heap block: an invariant is broken. Keep the
+		// record, cached in no list, for Check to report.
+		b.state = stateCached
+		return
 	}
 	s.byID[b.id] = nil
 	uses := b.uses[:0]
@@ -249,7 +256,8 @@ func (a *Allocator) takeVA(n uint64) (uintptr, error) {
 	if id, addr, _ := s.va.AllocFit(s.vsid, 0, n, n, math.MaxUint64, pageSize); id != arena.NoBlock {
 		return addr, nil
 	}
-	r := max(uint64(reserveSize), n)
+	r := max(uint64(reserveSize)<<min(len(s.resv), 8), n)
+	r = max(min(r, maxReserve), n)
 	base, err := reserveVA(r)
 	if err != nil {
 		return 0, fmt.Errorf("reserving %d bytes of address space: %w: %w", r, backend.ErrOutOfMemory, err)
