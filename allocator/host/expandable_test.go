@@ -477,6 +477,8 @@ func TestHistoryAndSummary(t *testing.T) {
 	sum := a.Summary()
 	assert.Contains(t, sum, "expandable segments")
 	assert.Contains(t, sum, "limit 16777216 bytes")
+	assert.Regexp(t, `pinned bytes\s+0\s+6291456\s+6291456\s+6291456\n`, sum, "current, peak, allocated, freed")
+	assert.Regexp(t, `requested bytes\s+0\s+5242880\s`, sum)
 	require.NoError(t, a.RecordHistory(0))
 	_, ok = a.History()
 	assert.False(t, ok)

@@ -18,27 +18,11 @@ func (a *Allocator) Summary() string {
 	var sb strings.Builder
 	fmt.Fprintf(&sb, "pinned host memory (%s)\n", policy)
 	fmt.Fprintf(&sb, "%-22s %16s %16s %16s %16s\n", "metric", "current", "peak", "allocated", "freed")
-	rows := []struct {
-		name string
-		v    int64
-		p    int64
-		al   int64
-		fr   int64
-	}{}
 	names := []string{"allocations", "allocated bytes", "requested bytes", "active", "active bytes",
 		"segments (pinned)", "pinned bytes", "registrations", "registered bytes", "quarantined", "quarantined bytes",
 		"pageable", "pageable bytes"}
 	for i, s := range st.stats() {
-		rows = append(rows, struct {
-			name string
-			v    int64
-			p    int64
-			al   int64
-			fr   int64
-		}{names[i], s.Current, s.Peak, s.Allocated, s.Freed})
-	}
-	for _, r := range rows {
-		fmt.Fprintf(&sb, "%-22s %16d %16d %16d %16d\n", r.name, r.v, r.p, r.al, r.fr)
+		fmt.Fprintf(&sb, "%-22s %16d %16d %16d %16d\n", names[i], s.Current, s.Peak, s.Allocated, s.Freed)
 	}
 	fmt.Fprintf(&sb, "cache hits %d, pins %d, unpins %d, events created %d, recorded %d, sync fallbacks %d, device syncs %d, OOMs %d\n",
 		st.CacheHits, st.NumHostAlloc, st.NumHostFree, st.NumEventsCreate, st.NumEventRecords, st.NumSyncFallback, st.NumDeviceSyncs, st.NumOOMs)
