@@ -483,3 +483,31 @@ func TestHistoryAndSummary(t *testing.T) {
 	_, ok = a.History()
 	assert.False(t, ok)
 }
+
+// TestReleaseOnGrow: with pinned_release_on_grow a wholly free chunk is
+// unmapped before a new one is mapped, without any pressure; without it
+// the free chunk stays for later requests.
+func TestReleaseOnGrow(t *testing.T) {
+	for _, tc := range []struct {
+		conf       string
+		held, unpn int64
+	}{
+		{"pinned_release_on_grow:True", 8 * mib, 1},
+		{"pinned_release_on_grow:False", 14 * mib, 0},
+	} {
+		t.Run(tc.conf, func(t *testing.T) {
+			a, e := newExpandable(t, tc.conf)
+			p, err := a.Malloc(5 * mib) // a 6 MiB chunk
+			require.NoError(t, err)
+			require.NoError(t, a.Free(p))
+			q, err := a.Malloc(7 * mib) // does not fit: an 8 MiB chunk
+			require.NoError(t, err)
+			st := a.Stats()
+			assert.Equal(t, tc.held, st.ReservedBytes.Current)
+			assert.Equal(t, tc.unpn, st.NumHostFree)
+			assert.Zero(t, st.NumBudgetDenials)
+			require.NoError(t, a.Free(q))
+			mustCheck(t, a, e)
+		})
+	}
+}
