@@ -122,6 +122,10 @@ type Allocator struct {
 	// waits instead of sleeping. mu.
 	quiescing int
 	waitWatch *sync.Cond
+
+	// planned is the planned-step state (planned.go); nil when
+	// planned_steps is off. mu.
+	planned *planner
 }
 
 // streamState is the per-stream part of the allocator. The allocator's
@@ -278,6 +282,9 @@ func New(drv backend.Driver, cfg Config) (*Allocator, error) {
 	}
 	a.quiet.L = &a.mu
 	a.owned.init(&a.mu)
+	if cfg.PlannedSteps {
+		a.planned = newPlanner()
+	}
 	a.maxBlock = maxBlockSize(gran, cfg.SmallSegmentSize, cfg.LargeSegmentSize)
 	a.grown.L = &a.mu
 	a.plainRound = true
@@ -572,6 +579,11 @@ func (a *Allocator) setSleepOff() { a.hitOff = a.hitOff&^sleepHitOff | a.hitOffS
 // stream; use RecordStream before using it on another stream.
 func (a *Allocator) Malloc(size uint64, stream backend.Stream) (uintptr, error) {
 	a.mu.Lock()
+	if pl := a.planned; pl != nil && pl.def != nil && pl.def.state-stepLearning <= stepDiverged-stepLearning {
+		if addr, ok, err := a.stepMalloc(pl.def, size, stream); ok {
+			return addr, err
+		}
+	}
 	// The cache hit: the stream used last, no event to process, no
 	// history, a free block that fits. One lock round trip without defer:
 	// nothing between Lock and Unlock can panic.
@@ -607,6 +619,12 @@ func (a *Allocator) Malloc(size uint64, stream backend.Stream) (uintptr, error) 
 // growth, the OOM ladder and history. mu held; it unlocks.
 func (a *Allocator) mallocSlow(p *Pool, size uint64, stream backend.Stream) (uintptr, error) {
 	defer a.unlock()
+	return a.mallocLocked(p, size, stream)
+}
+
+// mallocLocked is mallocSlow without the unlock. mu held (dropped while
+// a growth maps).
+func (a *Allocator) mallocLocked(p *Pool, size uint64, stream backend.Stream) (uintptr, error) {
 	if err := p.live(); err != nil {
 		return 0, err
 	}
@@ -762,6 +780,12 @@ func (a *Allocator) countAlloc(ss *streamState, cl *sizeClass, bsize, size uint6
 // those streams now have completed. On error nothing changes.
 func (a *Allocator) Free(ptr uintptr) error {
 	a.mu.Lock()
+	if pl := a.planned; pl != nil && (ptr-pl.lo < pl.span || pl.learning > 0) {
+		if done, err := a.stepFree(pl, ptr); done {
+			a.unlock()
+			return err
+		}
+	}
 	// The common case: no stream recorded on any block, no history, no
 	// pool asleep, no event on this one. One lock round trip without
 	// defer.
@@ -819,6 +843,11 @@ func (a *Allocator) countFree(ss *streamState, pk arena.Freed) {
 // events, history. mu held; it unlocks.
 func (a *Allocator) freeSlow(ptr uintptr) error {
 	defer a.unlock()
+	return a.freeLocked(ptr)
+}
+
+// freeLocked is freeSlow without the unlock. mu held.
+func (a *Allocator) freeLocked(ptr uintptr) error {
 	if a.closed {
 		return ErrClosed
 	}
@@ -933,6 +962,12 @@ func (a *Allocator) freeBlockPeek(b arena.BlockID, info arena.Peek, pending bool
 	}
 	ss.idle = false
 	ss.active--
+	if pending && a.pendingRegion(b, true) { // a plan region: never counted
+		if ss.idleOwner {
+			_ = a.releaseIdle(ss)
+		}
+		return nil
+	}
 	for _, st := range a.statsOf(ss.pool) {
 		if pending {
 			st.CountPendingFreed(cl.kind, int64(info.Size), int64(info.Requested))
@@ -961,6 +996,11 @@ func (a *Allocator) RecordStream(ptr uintptr, s backend.Stream) error {
 	if ptr == 0 || ptr%minBlockSize != 0 { // never handed out: no lookup
 		return a.badPointer(ptr)
 	}
+	if pl := a.planned; pl != nil {
+		if ok, err := a.stepRecordStream(pl, ptr, s); ok {
+			return err
+		}
+	}
 	b := a.heap.Lookup(ptr)
 	if b == arena.NoBlock {
 		return a.badPointer(ptr)
@@ -983,6 +1023,9 @@ func (a *Allocator) RecordStream(ptr uintptr, s backend.Stream) error {
 	}
 	if owner := a.states[a.heap.StreamOf(b)]; owner.primary == ss {
 		return nil // the block's own stream
+	}
+	if pl := a.planned; pl != nil && pl.learning > 0 {
+		pl.recordLearnStream(ptr)
 	}
 	uses := a.uses[b]
 	for _, u := range uses {
@@ -1109,6 +1152,7 @@ func (a *Allocator) Close() error {
 	}
 	a.closed = true
 	a.setHitOff()
+	a.stepsClosed()
 	var errs []error
 	// Every later call returns ErrClosed before it touches state, and no
 	// wait was in flight when closed was set, so nothing changes the

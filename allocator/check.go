@@ -176,6 +176,15 @@ func (a *Allocator) check() error {
 				return corrupt("block %#x is %s with the lock held", b.Addr, b.State)
 			case arena.Allocated, arena.PendingFree:
 				active[a.states[b.StreamID]]++
+				if a.planned != nil && (a.planned.regionOf(id) != nil || a.pendingRegion(id, false)) {
+					// A plan region: checkPlans counts its planned blocks.
+					if b.State == arena.Allocated {
+						nLive++
+					} else {
+						nEvents += int(b.Events)
+					}
+					break
+				}
 				rc.add(bp, func(w *stats.DeviceStats) { w.Active.Add(cl.kind, 1) })
 				rc.add(bp, func(w *stats.DeviceStats) { w.ActiveBytes.Add(cl.kind, n) })
 				rc.add(bp, func(w *stats.DeviceStats) { w.RequestedBytes.Add(cl.kind, int64(b.Requested)) })
@@ -326,6 +335,9 @@ func (a *Allocator) check() error {
 	}
 	if pendingBlocks != a.pending {
 		return corrupt("pending counter %d, blocks %d", a.pending, pendingBlocks)
+	}
+	if err := a.checkPlans(&rc); err != nil {
+		return err
 	}
 	got := a.st.Settled() // Active's Current is derived (stats.HotCounters)
 	if err := compareStats(want, &got); err != nil {
@@ -582,6 +594,19 @@ func (a *Allocator) snapshotLocked() stats.Snapshot {
 			bi := stats.BlockInfo{Address: b.Addr, Size: b.Size, RequestedSize: b.Requested, Stream: uint64(b.Stream)}
 			if b.State != arena.Unmapped {
 				bi.Pool = a.blockPool(b)
+			}
+			if b.State == arena.Allocated {
+				if planned := a.planSnapshotBlocks(id, b, bi.Pool); planned != nil {
+					for _, pb := range planned {
+						if pb.State == stats.BlockActiveAllocated {
+							si.AllocatedSize += pb.Size
+							si.ActiveSize += pb.Size
+							si.RequestedSize += pb.RequestedSize
+						}
+					}
+					si.Blocks = append(si.Blocks, planned...)
+					continue
+				}
 			}
 			switch b.State {
 			case arena.Allocated:

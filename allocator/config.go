@@ -96,6 +96,11 @@ type Config struct {
 	// releases the cache and reports out of memory (owned.go). Default
 	// true. Key: owned_buffer_gc, True or False.
 	OwnedBufferGC bool
+	// PlannedSteps: once MarkStep marks the end of each step, a pool whose
+	// steps repeat the same calls serves them from an offline-packed
+	// region (planned.go). Default false. Key: planned_steps, True or
+	// False.
+	PlannedSteps bool
 	// Backend names the driver a program should open (backend/drivers):
 	// "native", PyTorch's value and the default, leaves the choice to the
 	// program (the CLI opens the emulator); "emulated", "cuda" or "acl"
@@ -277,6 +282,15 @@ func (c *Config) set(k, v string) error {
 			return badValue(k, v, "want 1..64")
 		}
 		c.MaxSegmentsPerPool = n
+	case "planned_steps":
+		switch strings.ToLower(v) {
+		case "true", "1":
+			c.PlannedSteps = true
+		case "false", "0":
+			c.PlannedSteps = false
+		default:
+			return badValue(k, v, "want True or False")
+		}
 	case "owned_buffer_gc":
 		switch strings.ToLower(v) {
 		case "true", "1":
@@ -422,6 +436,9 @@ func (c Config) String() string {
 	}
 	if !c.OwnedBufferGC {
 		b.WriteString(",owned_buffer_gc:False")
+	}
+	if c.PlannedSteps {
+		b.WriteString(",planned_steps:True")
 	}
 	if c.Backend != "" && c.Backend != "native" {
 		fmt.Fprintf(b, ",backend:%s", c.Backend)

@@ -19,6 +19,7 @@ var configKeys = []string{
 	"defrag_threshold",
 	"max_segments_per_pool",
 	"owned_buffer_gc",
+	"planned_steps",
 	"backend",
 }
 

@@ -689,6 +689,9 @@ func (a *Allocator) dropSeg(sg *seg, mapped uint64) {
 		delete(a.uses, id)
 		a.setHitOff()
 		o.active--
+		if a.regionFreedStats(id) { // a plan region: its planned blocks were counted
+			continue
+		}
 		n := int64(b.Size)
 		for _, st := range a.statsOf(o.pool) {
 			if b.State == arena.Allocated {

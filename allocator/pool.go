@@ -319,6 +319,13 @@ func (p *Pool) Malloc(size uint64, stream backend.Stream) (uintptr, error) {
 		return a.Malloc(size, stream)
 	}
 	a.mu.Lock()
+	if pl := a.planned; pl != nil && p.slot < len(pl.steps) {
+		if sp := pl.steps[p.slot]; sp != nil && sp.p == p && sp.state-stepLearning <= stepDiverged-stepLearning {
+			if addr, ok, err := a.stepMalloc(sp, size, stream); ok {
+				return addr, err
+			}
+		}
+	}
 	// The cache hit, as Allocator.Malloc's, on the pool's owner of the
 	// stream used last (a closed pool has none).
 	if ss := a.lastS; ss != nil && a.hitOff&(hitClosed|hitPending|hitHistory) == 0 && !p.asleep && size-1 < a.total &&
@@ -497,7 +504,7 @@ func (p *Pool) EmptyCache() error {
 	}
 	a.histEmptyCache()
 	p.forgetDefragSlack()
-	err := a.synchronizeAndFreeEvents()
+	err := errors.Join(a.stepsEvent(p, true), a.synchronizeAndFreeEvents())
 	err = errors.Join(err, a.releasePool(p), a.flushUnmaps())
 	return errors.Join(err, a.trimCaches(), a.sweepSegments())
 }
@@ -535,6 +542,9 @@ func (p *Pool) Close() error {
 		return fmt.Errorf("%w: the default pool closes with the allocator", ErrInvalidPool)
 	}
 	a.quiesceWaits()
+	if err := a.poolClosing(p); err != nil {
+		return err
+	}
 	if err := p.live(); err != nil {
 		return err // closed by another Close meanwhile
 	}

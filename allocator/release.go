@@ -653,7 +653,7 @@ func (a *Allocator) EmptyCache() error {
 			p.forgetDefragSlack()
 		}
 	}
-	return a.releaseAll()
+	return errors.Join(a.stepsEvent(nil, true), a.releaseAll())
 }
 
 // Synchronize waits for the work queued on stream (0 = the default stream),

@@ -312,6 +312,7 @@ func (p *Pool) Sleep(o SleepOptions) error {
 		p.sleep = &poolSleep{}
 	}
 	sl := p.sleep
+	_ = a.stepsEvent(p, false) // the step diverges; the plan serves again after Wake
 	sl.state, sl.opts = Sleeping, o
 	p.asleep = true
 	a.setSleepOff()
