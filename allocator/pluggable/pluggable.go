@@ -473,6 +473,23 @@ func (l *Library) EmptyCache(dev int) error {
 	return nil
 }
 
+// MarkStep marks the end of a step on device dev's default pool
+// (Allocator.MarkStep), or on every device used so far for -1.
+func (l *Library) MarkStep(dev int) error {
+	ds, err := l.devices(dev)
+	if err != nil {
+		return l.fail(fmt.Errorf("mark_step(device %d): %w", dev, err))
+	}
+	var errs []error
+	for _, d := range ds {
+		errs = append(errs, d.a.MarkStep())
+	}
+	if err := errors.Join(errs...); err != nil {
+		return l.fail(fmt.Errorf("mark_step(device %d): %w", dev, err))
+	}
+	return nil
+}
+
 // devices is device dev (made now if needed), or every made device for -1.
 func (l *Library) devices(dev int) ([]*device, error) {
 	if dev == -1 {

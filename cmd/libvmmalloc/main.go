@@ -196,6 +196,11 @@ func vmmgo_empty_cache(dev C.int) C.int {
 	return C.int(call("vmmalloc_empty_cache", func(l *pluggable.Library) error { return l.EmptyCache(int(dev)) }))
 }
 
+//export vmmgo_mark_step
+func vmmgo_mark_step(dev C.int) C.int {
+	return C.int(call("vmmalloc_mark_step", func(l *pluggable.Library) error { return l.MarkStep(int(dev)) }))
+}
+
 //export vmmgo_set_memory_fraction
 func vmmgo_set_memory_fraction(f C.double, dev C.int) C.int {
 	return C.int(call("vmmalloc_set_memory_fraction", func(l *pluggable.Library) error {
