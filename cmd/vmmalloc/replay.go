@@ -36,6 +36,7 @@ type replayFlags struct {
 	backend  string
 	snapshot string // PyTorch memory snapshot output file
 	entries  int    // history entries the snapshot keeps
+	passes   int    // warm passes with MarkStep after each (planned steps); 0: one replay
 }
 
 // jsonReport is the --json output: the report's fields at the top level,
@@ -82,6 +83,7 @@ func cmdReplay(args []string, stdout, stderr io.Writer) error {
 	fs.StringVar(&f.backend, "backend", "", "`driver` to replay on: "+backendChoices+" (default: the config's backend key, else emulated)")
 	fs.StringVar(&f.snapshot, "snapshot", "", "write a PyTorch memory snapshot of the replay (for pytorch.org/memory_viz) to `file`; a .html file opens the viewer")
 	fs.IntVar(&f.entries, "snapshot-entries", replay.DefaultSnapshotEntries, "newest history entries the --snapshot keeps")
+	fs.IntVar(&f.passes, "passes", 0, "replay the trace's Mallocs and Frees `N` times warm on one allocator, MarkStep after each, with planned steps on and off (the baseline), and report each pass")
 	pos, err := parseArgs(fs, args)
 	if err != nil {
 		return err
@@ -98,6 +100,12 @@ func cmdReplay(args []string, stdout, stderr io.Writer) error {
 	}
 	if f.samples && !f.asJSON {
 		return usagef("--samples needs --json (the time series is part of the JSON report; --svg plots it)")
+	}
+	if f.passes < 0 || f.passes > maxPasses {
+		return usagef("--passes %d: want 1 to %d", f.passes, maxPasses)
+	}
+	if f.passes > 0 && (f.compare || f.minCap || f.snapshot != "" || f.svg != "" || f.samples || f.backend != "") {
+		return usagef("--passes replays warm on the emulator; it cannot be combined with --compare, --min-capacity, --snapshot, --svg, --samples or --backend")
 	}
 	if f.snapshot != "" && f.compare {
 		return usagef("--snapshot records one replay; it cannot be combined with --compare")
@@ -140,6 +148,9 @@ func cmdReplay(args []string, stdout, stderr io.Writer) error {
 	label := "replay"
 	if in.info.Name != "" {
 		label = in.info.Name
+	}
+	if f.passes > 0 {
+		return replayPasses(stdout, in, cfg, opts.Capacity, f)
 	}
 	if backendName != drivers.DefaultName {
 		return replayOnBackend(backendName, cfg, in, f.asJSON, stdout)
@@ -437,4 +448,59 @@ func ratioOf(a, b uint64) float64 {
 		return 0
 	}
 	return float64(a) / float64(b)
+}
+
+// maxPasses bounds --passes.
+const maxPasses = 1000
+
+// passesJSON is the --passes --json output.
+type passesJSON struct {
+	Input    string               `json:"input"`
+	Passes   int                  `json:"passes"`
+	Planned  *replay.PassesReport `json:"planned"`
+	Baseline *replay.PassesReport `json:"baseline"`
+}
+
+// replayPasses is replay --passes: the warm passes with planned steps on,
+// then off as the baseline.
+func replayPasses(w io.Writer, in *input, cfg allocator.Config, capacity uint64, f replayFlags) error {
+	events, err := in.all()
+	if err != nil {
+		return err
+	}
+	on, off := cfg, cfg
+	on.PlannedSteps, off.PlannedSteps = true, false
+	planned, err := replay.WarmPasses(events, on, capacity, f.passes)
+	if err != nil {
+		return fmt.Errorf("planned steps on: %w", err)
+	}
+	base, err := replay.WarmPasses(events, off, capacity, f.passes)
+	if err != nil {
+		return fmt.Errorf("planned steps off: %w", err)
+	}
+	if f.asJSON {
+		enc := json.NewEncoder(w)
+		enc.SetIndent("", "  ")
+		return enc.Encode(passesJSON{Input: in.name, Passes: f.passes, Planned: planned, Baseline: base})
+	}
+	fmt.Fprintf(w, "%s: %d warm passes, MarkStep after each\n\n", in.name, f.passes)
+	fmt.Fprintf(w, "%-5s  %-9s  %14s  %14s  %9s  %8s  %9s  |  %14s  %9s  %8s  %9s\n",
+		"pass", "state", "live peak", "reserved peak", "res/live", "drv", "ns/call", "base reserved", "res/live", "drv", "ns/call")
+	for i, p := range planned.Passes {
+		b := base.Passes[i]
+		fmt.Fprintf(w, "%-5d  %-9s  %14d  %14d  %9.4f  %8d  %9.1f  |  %14d  %9.4f  %8d  %9.1f\n",
+			p.Pass, p.State, p.PeakLiveBytes, p.PeakReservedBytes, ratioOf(p.PeakReservedBytes, p.PeakLiveBytes), p.DriverCalls, p.NsPerCall,
+			b.PeakReservedBytes, ratioOf(b.PeakReservedBytes, b.PeakLiveBytes), b.DriverCalls, b.NsPerCall)
+	}
+	fmt.Fprintf(w, "\nsteady (last pass)     planned: reserved %d (%.4f × live), %d driver calls, %.1f ns/call\n",
+		planned.SteadyPeakReservedBytes, planned.SteadyReservedOverLive, planned.SteadyDriverCalls, planned.SteadyNsPerCall)
+	fmt.Fprintf(w, "                       baseline: reserved %d (%.4f × live), %d driver calls, %.1f ns/call\n",
+		base.SteadyPeakReservedBytes, base.SteadyReservedOverLive, base.SteadyDriverCalls, base.SteadyNsPerCall)
+	if planned.PlanBytes > 0 {
+		fmt.Fprintf(w, "plan: %d blocks, %d bytes (region %d) for %d bytes of peak live planned blocks (%.4f×), %d divergences\n",
+			planned.PlannedBlocks, planned.PlanBytes, planned.RegionBytes, planned.PlanPeakLiveBytes, planned.PlanOverPeakLive, planned.Divergences)
+	} else {
+		fmt.Fprintf(w, "plan: none (%d divergences)\n", planned.Divergences)
+	}
+	return nil
 }
