@@ -214,10 +214,11 @@ func (h *history) callerStack() uint32 {
 		return 0
 	}
 	// Frames: runtime.Callers, callerStack, the hist* hook, the general
-	// path (mallocSlow or freeSlow), the public method (Malloc or Free),
-	// then its caller.
+	// path's body (mallocLocked or freeLocked), the general path
+	// (mallocSlow or freeSlow; stepMalloc for a learning step), the
+	// public method (Malloc or Free), then its caller.
 	clear(h.pcs[:])
-	n := runtime.Callers(5, h.pcs[:])
+	n := runtime.Callers(6, h.pcs[:])
 	if n == 0 {
 		return 0
 	}
