@@ -20,7 +20,7 @@ shift || true
 if [ "$#" -gt 0 ]; then
 	targets=("$@")
 else
-	targets=(FuzzAllocator FuzzAllocatorConfig FuzzRealMemory FuzzParseConfig FuzzHistory)
+	targets=(FuzzAllocator FuzzAllocatorConfig FuzzRealMemory FuzzParseConfig FuzzHistory FuzzPlannedSteps)
 	# The trace readers (fuzz/readers_test.go): untrusted files.
 	targets+=(FuzzPickle FuzzPyTorchSnapshot FuzzRMMLog FuzzBinaryTrace FuzzTextTrace)
 	# Targets that live beside the code they fuzz.
