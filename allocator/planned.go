@@ -232,6 +232,15 @@ func (pl *planner) regionAt(ptr uintptr) *planRegion {
 	return nil
 }
 
+// plannedRegion is the plan region holding ptr, or nil (also with
+// planned_steps off). mu held.
+func (a *Allocator) plannedRegion(ptr uintptr) *planRegion {
+	if pl := a.planned; pl != nil && ptr-pl.lo < pl.span {
+		return pl.regionAt(ptr)
+	}
+	return nil
+}
+
 // regionOf is the region whose heap block is id, or nil. mu held.
 func (pl *planner) regionOf(id arena.BlockID) *planRegion {
 	for _, r := range pl.regions {

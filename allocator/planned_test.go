@@ -357,3 +357,60 @@ func TestPlannedStepsNoAllocs(t *testing.T) {
 	assert.Zero(t, allocs)
 	assert.Equal(t, "planned", a.StepStats().State)
 }
+
+func TestPlannedStepsSpans(t *testing.T) {
+	a, e := newAlloc(t, plannedConf)
+	r := newRunner(t, a, e)
+	for i := 0; i < 3; i++ {
+		r.step(trainStep)
+	}
+	p0, err := a.Malloc(4<<20, 0)
+	require.NoError(t, err)
+	p1, err := a.Malloc(1<<20, 0)
+	require.NoError(t, err)
+	require.Equal(t, "planned", a.StepStats().State)
+	for _, c := range []struct {
+		p    uintptr
+		size uint64
+	}{{p0, 4 << 20}, {p1, 1 << 20}} {
+		size, spans, err := a.Spans(c.p)
+		require.NoError(t, err)
+		assert.Equal(t, c.size, size)
+		var n uint64
+		for _, s := range spans {
+			n += s.Size
+			assert.True(t, s.VA <= c.p+uintptr(c.size) && s.VA+uintptr(s.Size) > c.p, "span %+v outside the block", s)
+		}
+		assert.GreaterOrEqual(t, n, c.size)
+	}
+	require.NoError(t, a.Free(p0))
+	_, _, err = a.Spans(p0)
+	assert.ErrorIs(t, err, ErrDoubleFree)
+	require.NoError(t, a.Free(p1))
+	mustCheck(t, a, e)
+}
+
+func TestPlannedStepsHistoryStacks(t *testing.T) {
+	a, e := newAlloc(t, plannedConf)
+	r := newRunner(t, a, e)
+	r.step(trainStep)
+	require.NoError(t, a.RecordHistory(HistoryOptions{MaxEntries: 1000, Stacks: true}))
+	r.step(trainStep) // learning: the general path, with stacks
+	rec, ok := a.History()
+	require.True(t, ok)
+	require.NotEmpty(t, rec.Entries)
+	found := false
+	for _, en := range rec.Entries {
+		if en.Action == stats.TraceAlloc && en.Stack > 0 {
+			f := firstFrame(t, rec.Stacks[en.Stack-1])
+			assert.Equal(t, "github.com/vmmalloc/vmmalloc/allocator.(*runner).malloc", f.Function, "the stack starts at Malloc's caller")
+			found = true
+		}
+	}
+	assert.True(t, found)
+	for i := 0; i < 3; i++ {
+		r.step(trainStep)
+	}
+	assert.Equal(t, "learning", a.StepStats().State, "with history on, a step is not planned: every block gets its stack")
+	mustCheck(t, a, e)
+}
