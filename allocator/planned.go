@@ -46,8 +46,12 @@ import (
 //     carved from the heap as one allocated block, mapped once.
 //   - planned: Malloc k is served from the plan when its rounded size and
 //     stream match, and when every planned block whose learned Free came
-//     before it has been freed (its due list): a Free that comes late
-//     would otherwise leave a live block where the plan puts this one.
+//     before it has been freed: a Free that comes late would otherwise
+//     leave a live block where the plan puts this one. Each planned block
+//     has the rank of its Free in the learned step; the region keeps the
+//     length of the prefix of ranks freed this step (Frees may come early
+//     and in any order), and Malloc k needs it to reach the number of
+//     planned Frees learned before it: one compare.
 //     A Free of a planned block marks it dead. At MarkStep the step
 //     starts over at k = 0.
 //   - diverged: the first call that does not match sends the rest of the
@@ -161,7 +165,7 @@ type planCall struct {
 	rounded uint64
 	stream  backend.Stream
 	blk     int32 // the planned block, or -1: served by the heap
-	dueAt   int32 // due[dueAt[k]:dueAt[k+1]] must be dead before it is served
+	needF   int32 // planned Frees learned before it: planRegion.prefix must reach it
 }
 
 // planRegion is a plan and its memory: one allocated heap block holding
@@ -174,9 +178,13 @@ type planRegion struct {
 	need    uint64 // nbytes the packing needs (<= size)
 	peak    uint64 // plan.PeakLive of the intervals: no packing is smaller
 	stream  backend.Stream
-	calls   []planCall // per Malloc of the step; one more sentinel for dueAt
-	due     []int32    // planned blocks, grouped by the Malloc they must die before
+	pool    *Pool
+	calls   []planCall // per Malloc of the step, and a sentinel
 	off     []uint64   // per planned block: offset in the region
+	rank    []int32    // per planned block: its Free's rank among the learned step's planned Frees
+	deadAt  []uint32   // per rank: the epoch of the step in which that block was freed
+	epoch   uint32     // the step's epoch: deadAt entries of other epochs are stale
+	prefix  int32      // ranks [0, prefix) are freed this step
 	bsize   []uint64   // per planned block: nbytes (its rounded size)
 	req     []uint64   // per planned block: requested nbytes while live, 0 when dead
 	offID   []int32    // per planned block: its offset's index in liveAt
@@ -317,8 +325,14 @@ func (a *Allocator) markStep(pl *planner, sp *stepPlan) error {
 // the plan again when its region is empty and the pool did not diverge
 // twice in a row, else re-learning. mu held.
 func (a *Allocator) restartStep(pl *planner, sp *stepPlan) error {
-	if sp.reg.nLive == 0 && sp.diverged < 2 {
+	if r := sp.reg; r.nLive == 0 && sp.diverged < 2 {
 		sp.state, sp.k = stepPlanned, 0
+		r.epoch++
+		r.prefix = 0
+		if r.epoch == 0 { // wrapped: no entry may look fresh
+			clear(r.deadAt)
+			r.epoch = 1
+		}
 		return nil
 	}
 	return a.relearn(pl, sp)
@@ -430,10 +444,8 @@ func (a *Allocator) stepMalloc(sp *stepPlan, size uint64, stream backend.Stream)
 					sp.k++
 					return 0, false, nil
 				}
-				for _, d := range r.due[c.dueAt:r.calls[sp.k+1].dueAt] {
-					if r.req[d] != 0 {
-						goto diverge // a block the plan freed by now is live
-					}
+				if r.prefix < c.needF {
+					goto diverge // a block the plan freed by now is live
 				}
 				sp.k++
 				r.req[j] = size
@@ -535,11 +547,15 @@ func (a *Allocator) planFree(pl *planner, r *planRegion, ptr uintptr) error {
 	bsize, req := r.bsize[j], r.req[j]
 	r.req[j] = 0
 	r.nLive--
+	r.deadAt[r.rank[j]] = r.epoch
+	for r.prefix < int32(len(r.deadAt)) && r.deadAt[r.prefix] == r.epoch {
+		r.prefix++
+	}
 	kind := stats.SmallPool
 	if bsize > smallSize {
 		kind = stats.LargePool
 	}
-	p := a.states[a.heap.StreamOf(r.id)].pool
+	p := r.pool
 	a.st.CountFree(kind, int64(bsize), int64(req))
 	if a.pooled {
 		p.st.CountFree(kind, int64(bsize), int64(req))
@@ -695,24 +711,23 @@ func (a *Allocator) makePlan(pl *planner, sp *stepPlan) error {
 	}
 	r.off, r.need, r.peak = offs, need, plan.PeakLive(ivs, align)
 	r.req = make([]uint64, len(ivs))
-	// Per Malloc: the call, its block, and the planned blocks whose Free
-	// comes between the previous planned Malloc and it.
-	var pendingDue []int32
+	// Per Malloc: the call, its block, and the planned Frees learned
+	// before it; per planned block, its Free's rank.
+	r.rank = make([]int32, len(ivs))
+	var frees int32
 	for i, c := range calls {
 		if c.rounded == 0 {
 			if j := blkOf[c.malloc]; j >= 0 {
-				pendingDue = append(pendingDue, j)
+				r.rank[j] = frees
+				frees++
 			}
 			continue
 		}
-		pc := planCall{rounded: c.rounded, stream: c.stream, blk: blkOf[i], dueAt: int32(len(r.due))}
-		if pc.blk >= 0 {
-			r.due = append(r.due, pendingDue...)
-			pendingDue = pendingDue[:0]
-		}
-		r.calls = append(r.calls, pc)
+		r.calls = append(r.calls, planCall{rounded: c.rounded, stream: c.stream, blk: blkOf[i], needF: frees})
 	}
-	r.calls = append(r.calls, planCall{dueAt: int32(len(r.due)), blk: -1})
+	r.calls = append(r.calls, planCall{blk: -1})
+	r.deadAt = make([]uint32, frees)
+	r.epoch = 1
 	r.index()
 	// The region: the pool's free cache is released first, so that the
 	// region maps where the step's heap blocks were instead of beside
@@ -793,7 +808,7 @@ func (a *Allocator) carveRegion(p *Pool, r *planRegion, size uint64) error {
 		return fmt.Errorf("%w: %w", ErrCorrupt, err)
 	}
 	ss.active++
-	r.id, r.base, r.size = b, a.heap.Addr(b), bsize
+	r.id, r.base, r.size, r.pool = b, a.heap.Addr(b), bsize, p
 	return nil
 }
 
@@ -960,6 +975,14 @@ func (a *Allocator) checkPlans(rc *recount) error {
 			return corrupt("plan region %#x: retired %v, but its plan says otherwise", r.base, r.retired)
 		}
 		p := a.states[a.heap.StreamOf(r.id)].pool
+		if p != r.pool {
+			return corrupt("plan region %#x: pool %q, its block's owner's %q", r.base, r.pool.name, p.name)
+		}
+		for f := int32(0); f < r.prefix; f++ {
+			if r.deadAt[f] != r.epoch {
+				return corrupt("plan region %#x: Free rank %d counted in the freed prefix %d, not freed this step", r.base, f, r.prefix)
+			}
+		}
 		type span struct{ off, end uint64 }
 		var live []span
 		for j, q := range r.req {
