@@ -282,9 +282,7 @@ func New(drv backend.Driver, cfg Config) (*Allocator, error) {
 	}
 	a.quiet.L = &a.mu
 	a.owned.init(&a.mu)
-	if cfg.PlannedSteps {
-		a.planned = newPlanner()
-	}
+
 	a.maxBlock = maxBlockSize(gran, cfg.SmallSegmentSize, cfg.LargeSegmentSize)
 	a.grown.L = &a.mu
 	a.plainRound = true
@@ -292,6 +290,9 @@ func New(drv backend.Driver, cfg Config) (*Allocator, error) {
 		a.plainRound = a.plainRound && d <= 1
 	}
 	a.def = Pool{a: a, name: "default", expandable: cfg.ExpandableSegments, limit: math.MaxUint64}
+	if cfg.PlannedSteps {
+		a.planned = newPlanner(a) // after plainRound and def
+	}
 	a.def.recs = [2]*stats.HotCounters{&a.st, &a.def.st}
 	a.pools = []*Pool{&a.def}
 	if a.def.idle, err = a.newStreamState(idleStream); err != nil {
@@ -579,9 +580,14 @@ func (a *Allocator) setSleepOff() { a.hitOff = a.hitOff&^sleepHitOff | a.hitOffS
 // stream; use RecordStream before using it on another stream.
 func (a *Allocator) Malloc(size uint64, stream backend.Stream) (uintptr, error) {
 	a.mu.Lock()
-	if pl := a.planned; pl != nil && pl.def != nil && pl.def.state-stepLearning <= stepDiverged-stepLearning {
-		if addr, ok, err := a.stepMalloc(pl.def, size, stream); ok {
-			return addr, err
+	if pl := a.planned; pl != nil {
+		switch sp := pl.def; sp.state { // def is made with the planner
+		case stepPlanned:
+			if addr := a.planMalloc(sp, size, stream); addr != 0 {
+				return addr, nil
+			}
+		case stepLearning:
+			return a.learnMalloc(sp, size, stream)
 		}
 	}
 	// The cache hit: the stream used last, no event to process, no
@@ -780,10 +786,20 @@ func (a *Allocator) countAlloc(ss *streamState, cl *sizeClass, bsize, size uint6
 // those streams now have completed. On error nothing changes.
 func (a *Allocator) Free(ptr uintptr) error {
 	a.mu.Lock()
-	if pl := a.planned; pl != nil && (ptr-pl.lo < pl.span || pl.learning > 0) {
-		if done, err := a.stepFree(pl, ptr); done {
-			a.unlock()
+	if pl := a.planned; pl != nil {
+		if r := pl.hot; r != nil && ptr-r.base < uintptr(r.size) { // a planned block
+			err := a.planFree(pl, r, ptr)
+			if len(a.unmapQueue) > 0 { // a retired region went back to the heap
+				_ = a.flushUnmaps()
+			}
+			a.mu.Unlock()
 			return err
+		}
+		if ptr-pl.lo < pl.span || pl.learning > 0 {
+			if done, err := a.stepFree(pl, ptr); done {
+				a.unlock()
+				return err
+			}
 		}
 	}
 	// The common case: no stream recorded on any block, no history, no

@@ -47,7 +47,7 @@ func (a *Allocator) spans(ptr uintptr) (size uint64, spans []HandleSpan, err err
 		if j < 0 {
 			return 0, nil, r.badPointer(ptr)
 		}
-		id, b = r.id, arena.BlockInfo{Addr: ptr, Size: r.bsize[j]}
+		id, b = r.id, arena.BlockInfo{Addr: ptr, Size: r.blocks[j].size}
 	} else {
 		if id = a.heap.Lookup(ptr); id == arena.NoBlock {
 			return 0, nil, a.badPointer(ptr)

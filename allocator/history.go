@@ -109,6 +109,9 @@ func (a *Allocator) RecordHistory(o HistoryOptions) error {
 		info, _ := a.heap.Region(sg.rid)
 		for id := info.Head; id != arena.NoBlock; id = a.heap.Next(id) {
 			if b, _ := a.heap.Block(id); b.State == arena.Allocated {
+				if a.countPlanned(h, id, b.Stream) {
+					continue // a plan region: its planned blocks are counted
+				}
 				c := h.count(profKey{stream: b.Stream, pool: sg.class.kind})
 				c.allocs++
 				c.allocBytes += int64(b.Size)
@@ -117,7 +120,8 @@ func (a *Allocator) RecordHistory(o HistoryOptions) error {
 	}
 	a.hist = h
 	a.setHitOff()
-	return nil
+	// A planned step diverges: every block gets its stack.
+	return a.stepsEvent(nil, false)
 }
 
 // HistoryRecord is a copy of the recorded memory history.

@@ -3,6 +3,7 @@ package allocator
 import (
 	"errors"
 	"fmt"
+	"math"
 	"slices"
 
 	"github.com/vmmalloc/vmmalloc/arena"
@@ -118,6 +119,10 @@ type planner struct {
 	regions []*planRegion
 	lo      uintptr
 	span    uintptr
+	// hot is the newest region (the one a plan serves from), for Free's
+	// first test; nil when none or once the allocator is closed.
+	hot    *planRegion
+	closed bool
 	// pendingRegions are region blocks freed to the heap with events
 	// still queued (PendingFree); the statistics never counted them.
 	pendingRegions []arena.BlockID
@@ -145,6 +150,7 @@ type stepCall struct {
 // stepPlan is one pool's planned-step state machine. Allocator.mu.
 type stepPlan struct {
 	p     *Pool
+	plain bool // Malloc rounds to 512 bytes only (Allocator.plainRound, no pool alignment). Fixed.
 	state stepState
 	// cur and prev are the calls of this step and of the one before
 	// (learning); bad marks a step that cannot be planned (an error, too
@@ -154,6 +160,9 @@ type stepPlan struct {
 	misses    int // learning steps in a row that differed from the previous one
 	relearns  int // regions dropped to re-learn, ever
 	diverged  int // diverged steps in a row
+	// held: the step is diverged because memory history is on or the
+	// pool slept, not because its calls differed; it is not counted.
+	held bool
 	reg       *planRegion
 	k         int // the next Malloc's index in reg.calls (planned, diverged)
 	// Figures for studies (StepStats).
@@ -168,6 +177,15 @@ type planCall struct {
 	needF   int32 // planned Frees learned before it: planRegion.prefix must reach it
 }
 
+// planBlock is a planned block of a region.
+type planBlock struct {
+	off  uint64 // offset in the region
+	size uint64 // nbytes: its rounded size
+	req  uint64 // requested nbytes while live, 0 when dead
+	rank int32  // its Free's rank among the learned step's planned Frees
+	slot int32  // its offset's entry in the offset table
+}
+
 // planRegion is a plan and its memory: one allocated heap block holding
 // the planned blocks at their offsets. Allocator.mu.
 type planRegion struct {
@@ -179,26 +197,27 @@ type planRegion struct {
 	peak    uint64 // plan.PeakLive of the intervals: no packing is smaller
 	stream  backend.Stream
 	pool    *Pool
-	calls   []planCall // per Malloc of the step, and a sentinel
-	off     []uint64   // per planned block: offset in the region
-	rank    []int32    // per planned block: its Free's rank among the learned step's planned Frees
-	deadAt  []uint32   // per rank: the epoch of the step in which that block was freed
-	epoch   uint32     // the step's epoch: deadAt entries of other epochs are stale
-	prefix  int32      // ranks [0, prefix) are freed this step
-	bsize   []uint64   // per planned block: nbytes (its rounded size)
-	req     []uint64   // per planned block: requested nbytes while live, 0 when dead
-	offID   []int32    // per planned block: its offset's index in liveAt
-	liveAt  []int32    // per distinct offset: the live block there, or -1
-	keys    []uint64   // offset table (open addressing): offset+1, 0 empty
-	vals    []int32    // offset table: index in liveAt
-	shift   uint8      // 64 - log2(len(keys))
+	calls   []planCall  // per Malloc of the step, and a sentinel that matches none
+	blocks  []planBlock // the planned blocks
+	deadAt  []uint32    // per Free rank: the epoch of the step in which that block was freed
+	byRank  []int32     // per Free rank: the block
+	epoch   uint32      // the step's epoch: deadAt entries of other epochs are stale
+	prefix  int32       // ranks [0, prefix) are freed this step
+	keys    []uint64 // offset table (open addressing): offset+1, 0 empty
+	live    []int32  // offset table: the live block at that offset, or -1
+	shift   uint8    // 64 - log2(len(keys))
+	mask    uint64   // len(keys) - 1
 	nLive   int        // live planned blocks
 	uses    []backend.Stream
 	retired bool
 }
 
-// newPlanner is the planner of an allocator with planned_steps on.
-func newPlanner() *planner { return &planner{born: map[uintptr]bornRef{}} }
+// newPlanner is the planner of allocator a, with planned_steps on.
+func newPlanner(a *Allocator) *planner {
+	pl := &planner{born: map[uintptr]bornRef{}}
+	pl.stepOf(&a.def)
+	return pl
+}
 
 // stepOf is pool p's step state, made on first use. mu held.
 func (pl *planner) stepOf(p *Pool) *stepPlan {
@@ -208,6 +227,7 @@ func (pl *planner) stepOf(p *Pool) *stepPlan {
 	sp := pl.steps[p.slot]
 	if sp == nil || sp.p != p { // a closed pool's slot reused
 		sp = &stepPlan{p: p}
+		sp.plain = p.a.plainRound && p.align == 0
 		pl.steps[p.slot] = sp
 		if p.slot == 0 {
 			pl.def = sp
@@ -218,9 +238,12 @@ func (pl *planner) stepOf(p *Pool) *stepPlan {
 
 // bounds recomputes lo and span over the regions. mu held.
 func (pl *planner) bounds() {
-	pl.lo, pl.span = 0, 0
+	pl.lo, pl.span, pl.hot = 0, 0, nil
 	if len(pl.regions) == 0 {
 		return
+	}
+	if !pl.closed {
+		pl.hot = pl.regions[len(pl.regions)-1]
 	}
 	lo, hi := pl.regions[0].base, pl.regions[0].base
 	for _, r := range pl.regions {
@@ -315,7 +338,9 @@ func (a *Allocator) markStep(pl *planner, sp *stepPlan) error {
 		}
 		return a.restartStep(pl, sp)
 	case stepDiverged:
-		sp.diverged++
+		if !sp.held {
+			sp.diverged++
+		}
 		return a.restartStep(pl, sp)
 	}
 	return nil
@@ -325,17 +350,21 @@ func (a *Allocator) markStep(pl *planner, sp *stepPlan) error {
 // the plan again when its region is empty and the pool did not diverge
 // twice in a row, else re-learning. mu held.
 func (a *Allocator) restartStep(pl *planner, sp *stepPlan) error {
-	if r := sp.reg; r.nLive == 0 && sp.diverged < 2 {
-		sp.state, sp.k = stepPlanned, 0
-		r.epoch++
-		r.prefix = 0
-		if r.epoch == 0 { // wrapped: no entry may look fresh
-			clear(r.deadAt)
-			r.epoch = 1
-		}
-		return nil
+	r := sp.reg
+	if r.nLive > 0 || sp.diverged >= 2 {
+		return a.relearn(pl, sp)
 	}
-	return a.relearn(pl, sp)
+	sp.state, sp.k, sp.held = stepPlanned, 0, false
+	r.epoch++
+	r.prefix = 0
+	if r.epoch == 0 { // wrapped: no entry may look fresh
+		clear(r.deadAt)
+		r.epoch = 1
+	}
+	if a.hist != nil || sp.p.asleep {
+		sp.state, sp.held = stepDiverged, true
+	}
+	return nil
 }
 
 // learn starts recording sp's steps. mu held.
@@ -420,66 +449,65 @@ func (a *Allocator) roundFor(p *Pool, size uint64) (uint64, bool) {
 	return rounded, rounded >= size && rounded <= a.maxBlock
 }
 
-// stepMalloc serves a Malloc of pool p whose step is not unmarked or off.
-// It reports ok with mu unlocked when it served (or refused) the call,
-// else the caller continues on its usual path with mu held.
-func (a *Allocator) stepMalloc(sp *stepPlan, size uint64, stream backend.Stream) (addr uintptr, ok bool, err error) {
-	p := sp.p
-	switch sp.state {
-	case stepPlanned:
-		r := sp.reg
-		c := &r.calls[sp.k]
-		if sp.k < len(r.calls)-1 && size-1 < a.total && a.hitOff&(hitClosed|hitHistory) == 0 && !p.asleep {
-			rounded := (size + minBlockSize - 1) &^ (minBlockSize - 1)
-			if !a.plainRound || p.align != 0 {
-				rounded, _ = a.roundFor(p, size)
-			}
-			s := stream
-			if s == 0 {
-				s = a.defaultS
-			}
-			if c.rounded == rounded && c.stream == s {
-				j := c.blk
-				if j < 0 { // a heap entry
-					sp.k++
-					return 0, false, nil
-				}
-				if r.prefix < c.needF {
-					goto diverge // a block the plan freed by now is live
-				}
-				sp.k++
-				r.req[j] = size
-				r.liveAt[r.offID[j]] = j
-				r.nLive++
-				bsize := r.bsize[j]
-				kind := stats.SmallPool
-				if bsize > smallSize {
-					kind = stats.LargePool
-				}
-				if a.pooled {
-					stats.CountMallocBoth(&a.st, &p.st, kind, int64(bsize), int64(size))
-				} else {
-					a.st.CountMalloc(kind, int64(bsize), int64(size))
-				}
-				if bsize >= a.oversize {
-					for _, st := range a.statsOf(p) {
-						st.OversizeAllocations.Add(1)
-					}
-				}
-				a.mu.Unlock()
-				return r.base + uintptr(r.off[j]), true, nil
-			}
-		}
-	diverge:
-		sp.diverge()
-		return 0, false, nil
-	case stepLearning:
-		addr, err := a.mallocLocked(p, size, stream)
-		a.recordMalloc(sp, size, stream, addr, err)
-		a.unlock()
-		return addr, true, err
+// planMalloc serves a Malloc of sp's planned step from its plan and
+// returns the address with mu unlocked; 0, mu held, when the caller
+// continues on its usual path: a heap entry of the plan, or a call that
+// differs (the step diverges).
+func (a *Allocator) planMalloc(sp *stepPlan, size uint64, stream backend.Stream) uintptr {
+	r := sp.reg
+	// No test of size, history or sleep here: a size of 0 or past the
+	// device rounds to no call's size (the sentinel's is MaxUint64), and
+	// RecordHistory and Sleep diverge the step (restartStep holds it
+	// diverged while they last).
+	c := &r.calls[sp.k]
+	rounded := (size + minBlockSize - 1) &^ (minBlockSize - 1)
+	if !sp.plain {
+		rounded, _ = a.roundFor(sp.p, size)
 	}
-	return 0, false, nil
+	if c.rounded != rounded || c.stream != stream && (stream != 0 || c.stream != a.defaultS) {
+		sp.diverge()
+		return 0
+	}
+	j := c.blk
+	if j < 0 { // a heap entry
+		sp.k++
+		return 0
+	}
+	if r.prefix < c.needF { // a block the plan has freed by now is live
+		sp.diverge()
+		return 0
+	}
+	sp.k++
+	b := &r.blocks[j]
+	b.req = size
+	r.live[b.slot] = j
+	r.nLive++
+	bsize := b.size
+	kind := stats.SmallPool
+	if bsize > smallSize {
+		kind = stats.LargePool
+	}
+	if a.pooled {
+		stats.CountMallocBoth(&a.st, &sp.p.st, kind, int64(bsize), int64(size))
+	} else {
+		a.st.CountMalloc(kind, int64(bsize), int64(size))
+	}
+	if bsize >= a.oversize {
+		for _, st := range a.statsOf(sp.p) {
+			st.OversizeAllocations.Add(1)
+		}
+	}
+	a.mu.Unlock()
+	return r.base + uintptr(b.off)
+}
+
+// learnMalloc makes and records a Malloc of sp's learning step. mu held;
+// it unlocks.
+func (a *Allocator) learnMalloc(sp *stepPlan, size uint64, stream backend.Stream) (uintptr, error) {
+	addr, err := a.mallocLocked(sp.p, size, stream)
+	a.recordMalloc(sp, size, stream, addr, err)
+	a.unlock()
+	return addr, err
 }
 
 // recordMalloc records a Malloc of a learning step. mu held.
@@ -522,13 +550,12 @@ func (a *Allocator) stepFree(pl *planner, ptr uintptr) (done bool, err error) {
 	return false, nil
 }
 
-// lookup is the index in liveAt of offset off, or -1. mu held.
+// lookup is offset off's entry in the offset table, or -1. mu held.
 func (r *planRegion) lookup(off uint64) int32 {
-	mask := uint64(len(r.keys) - 1)
-	for i := ((off >> 9) * 0x9E3779B97F4A7C15) >> r.shift; ; i = (i + 1) & mask {
+	for i := ((off >> 9) * 0x9E3779B97F4A7C15) >> r.shift; ; i = (i + 1) & r.mask {
 		switch r.keys[i] {
 		case off + 1:
-			return r.vals[i]
+			return int32(i)
 		case 0:
 			return -1
 		}
@@ -537,19 +564,32 @@ func (r *planRegion) lookup(off uint64) int32 {
 
 // planFree frees the planned block at ptr of region r. mu held.
 func (a *Allocator) planFree(pl *planner, r *planRegion, ptr uintptr) error {
+	// The Free the learned step makes next is of the block of the lowest
+	// rank not yet freed: try it before the offset table.
 	off := uint64(ptr - r.base)
-	id := r.lookup(off)
-	if id < 0 || r.liveAt[id] < 0 {
-		return r.badPointer(ptr)
+	var b *planBlock
+	if f := r.prefix; int(f) < len(r.byRank) {
+		if b = &r.blocks[r.byRank[f]]; b.off != off || b.req == 0 {
+			b = nil
+		}
 	}
-	j := r.liveAt[id]
-	r.liveAt[id] = -1
-	bsize, req := r.bsize[j], r.req[j]
-	r.req[j] = 0
+	if b == nil {
+		i := r.lookup(off)
+		if i < 0 || r.live[i] < 0 {
+			return r.badPointer(ptr)
+		}
+		b = &r.blocks[r.live[i]]
+	}
+	r.live[b.slot] = -1
+	bsize, req := b.size, b.req
+	b.req = 0
 	r.nLive--
-	r.deadAt[r.rank[j]] = r.epoch
-	for r.prefix < int32(len(r.deadAt)) && r.deadAt[r.prefix] == r.epoch {
-		r.prefix++
+	d, e := r.deadAt, r.epoch
+	d[b.rank] = e
+	if f := b.rank; f == r.prefix {
+		for f++; int(f) < len(d) && d[f] == e; f++ {
+		}
+		r.prefix = f
 	}
 	kind := stats.SmallPool
 	if bsize > smallSize {
@@ -575,9 +615,9 @@ func (a *Allocator) planFree(pl *planner, r *planRegion, ptr uintptr) error {
 // planned block's start.
 func (r *planRegion) badPointer(ptr uintptr) error {
 	off := uint64(ptr - r.base)
-	for j, q := range r.req {
-		if q != 0 && off > r.off[j] && off < r.off[j]+r.bsize[j] {
-			return fmt.Errorf("%w: %#x is %d bytes into the planned block at %#x", ErrInteriorPointer, ptr, off-r.off[j], r.base+uintptr(r.off[j]))
+	for _, b := range r.blocks {
+		if b.req != 0 && off > b.off && off < b.off+b.size {
+			return fmt.Errorf("%w: %#x is %d bytes into the planned block at %#x", ErrInteriorPointer, ptr, off-b.off, r.base+uintptr(b.off))
 		}
 	}
 	return fmt.Errorf("%w: %#x is not a live planned block", ErrDoubleFree, ptr)
@@ -585,11 +625,11 @@ func (r *planRegion) badPointer(ptr uintptr) error {
 
 // liveBlock is the live planned block starting at ptr in r, or -1.
 func (r *planRegion) liveBlock(ptr uintptr) int32 {
-	id := r.lookup(uint64(ptr - r.base))
-	if id < 0 {
+	i := r.lookup(uint64(ptr - r.base))
+	if i < 0 {
 		return -1
 	}
-	return r.liveAt[id]
+	return r.live[i]
 }
 
 // freeRegion gives region r's heap block back to the heap, after events
@@ -702,31 +742,36 @@ func (a *Allocator) makePlan(pl *planner, sp *stepPlan) error {
 		if death[i] >= 0 && !c.heap && c.stream == main {
 			blkOf[i] = int32(len(ivs))
 			ivs = append(ivs, plan.Interval{Size: c.rounded, Birth: uint64(i), Death: uint64(death[i])})
-			r.bsize = append(r.bsize, c.rounded)
+			r.blocks = append(r.blocks, planBlock{size: c.rounded})
 		}
 	}
 	offs, need, err := plan.Pack(ivs, align)
 	if err != nil {
 		return err
 	}
-	r.off, r.need, r.peak = offs, need, plan.PeakLive(ivs, align)
-	r.req = make([]uint64, len(ivs))
+	for j, off := range offs {
+		r.blocks[j].off = off
+	}
+	r.need, r.peak = need, plan.PeakLive(ivs, align)
 	// Per Malloc: the call, its block, and the planned Frees learned
 	// before it; per planned block, its Free's rank.
-	r.rank = make([]int32, len(ivs))
 	var frees int32
 	for i, c := range calls {
 		if c.rounded == 0 {
 			if j := blkOf[c.malloc]; j >= 0 {
-				r.rank[j] = frees
+				r.blocks[j].rank = frees
 				frees++
 			}
 			continue
 		}
 		r.calls = append(r.calls, planCall{rounded: c.rounded, stream: c.stream, blk: blkOf[i], needF: frees})
 	}
-	r.calls = append(r.calls, planCall{blk: -1})
+	r.calls = append(r.calls, planCall{rounded: math.MaxUint64, blk: -1})
 	r.deadAt = make([]uint32, frees)
+	r.byRank = make([]int32, frees)
+	for j, b := range r.blocks {
+		r.byRank[b.rank] = int32(j)
+	}
 	r.epoch = 1
 	r.index()
 	// The region: the pool's free cache is released first, so that the
@@ -749,23 +794,22 @@ func (a *Allocator) makePlan(pl *planner, sp *stepPlan) error {
 func (r *planRegion) index() {
 	n := 1
 	shift := uint8(64)
-	for n < 2*len(r.off)+2 {
+	for n < 2*len(r.blocks)+2 {
 		n *= 2
 		shift--
 	}
-	r.keys, r.vals, r.shift = make([]uint64, n), make([]int32, n), shift
-	r.offID = make([]int32, len(r.off))
-	mask := uint64(n - 1)
-	for j, off := range r.off {
-		i := ((off >> 9) * 0x9E3779B97F4A7C15) >> shift
-		for r.keys[i] != 0 && r.keys[i] != off+1 {
-			i = (i + 1) & mask
+	r.keys, r.live, r.shift, r.mask = make([]uint64, n), make([]int32, n), shift, uint64(n-1)
+	for i := range r.live {
+		r.live[i] = -1
+	}
+	for j := range r.blocks {
+		b := &r.blocks[j]
+		i := ((b.off >> 9) * 0x9E3779B97F4A7C15) >> shift
+		for r.keys[i] != 0 && r.keys[i] != b.off+1 {
+			i = (i + 1) & r.mask
 		}
-		if r.keys[i] == 0 {
-			r.keys[i], r.vals[i] = off+1, int32(len(r.liveAt))
-			r.liveAt = append(r.liveAt, -1)
-		}
-		r.offID[j] = r.vals[i]
+		r.keys[i] = b.off + 1
+		b.slot = int32(i)
 	}
 }
 
@@ -847,9 +891,9 @@ func (pl *planner) recordLearnStream(ptr uintptr) {
 }
 
 // stepsEvent tells the planner that pool p (nil: every pool) cannot
-// continue its steps as planned: EmptyCache and ReleaseStream drop the
-// region and re-learn (a region with live blocks is retired), Sleep
-// diverges the step. mu held.
+// continue its steps as planned: EmptyCache drops the region and
+// re-learns (a region with live blocks is retired); Sleep and
+// RecordHistory hold the step diverged (drop false). mu held.
 func (a *Allocator) stepsEvent(p *Pool, drop bool) error {
 	pl := a.planned
 	if pl == nil {
@@ -862,9 +906,11 @@ func (a *Allocator) stepsEvent(p *Pool, drop bool) error {
 		}
 		switch sp.state {
 		case stepPlanned, stepDiverged:
-			sp.diverge()
 			if drop {
+				sp.diverge()
 				errs = append(errs, a.relearn(pl, sp))
+			} else if sp.state == stepPlanned {
+				sp.state, sp.held = stepDiverged, true
 			}
 		case stepLearning:
 			sp.bad = true
@@ -903,6 +949,7 @@ func (a *Allocator) stepsClosed() {
 	}
 	pl.learning = 0
 	clear(pl.born)
+	pl.closed, pl.hot = true, nil
 }
 
 // poolClosing drops pool p's plan before Close checks for live
@@ -934,9 +981,9 @@ func (a *Allocator) regionFreedStats(id arena.BlockID) bool {
 	if r == nil {
 		return false
 	}
-	for j, q := range r.req {
-		if q != 0 {
-			_ = a.planFree(pl, r, r.base+uintptr(r.off[j]))
+	for _, b := range r.blocks {
+		if b.req != 0 {
+			_ = a.planFree(pl, r, r.base+uintptr(b.off))
 		}
 	}
 	if i := slices.Index(pl.regions, r); i >= 0 {
@@ -985,23 +1032,27 @@ func (a *Allocator) checkPlans(rc *recount) error {
 		}
 		type span struct{ off, end uint64 }
 		var live []span
-		for j, q := range r.req {
+		for j, b := range r.blocks {
+			if r.keys[b.slot] != b.off+1 {
+				return corrupt("plan region %#x: block %d's offset +%d not in the offset table", r.base, j, b.off)
+			}
+			q := b.req
 			if q == 0 {
-				if r.liveAt[r.offID[j]] == int32(j) {
+				if r.live[b.slot] == int32(j) {
 					return corrupt("plan region %#x: dead block %d marked live", r.base, j)
 				}
 				continue
 			}
-			if r.liveAt[r.offID[j]] != int32(j) {
+			if r.live[b.slot] != int32(j) {
 				return corrupt("plan region %#x: live block %d not in the offset table", r.base, j)
 			}
-			if q > r.bsize[j] || r.off[j]+r.bsize[j] > r.size {
-				return corrupt("plan region %#x: block %d (+%d, %d of %d bytes) outside the region or its size", r.base, j, r.off[j], q, r.bsize[j])
+			if q > b.size || b.off+b.size > r.size {
+				return corrupt("plan region %#x: block %d (+%d, %d of %d bytes) outside the region or its size", r.base, j, b.off, q, b.size)
 			}
-			live = append(live, span{r.off[j], r.off[j] + r.bsize[j]})
-			n, req := int64(r.bsize[j]), int64(q)
+			live = append(live, span{b.off, b.off + b.size})
+			n, req := int64(b.size), int64(q)
 			kind := stats.SmallPool
-			if r.bsize[j] > smallSize {
+			if b.size > smallSize {
 				kind = stats.LargePool
 			}
 			rc.add(p, func(w *stats.DeviceStats) {
@@ -1011,7 +1062,7 @@ func (a *Allocator) checkPlans(rc *recount) error {
 				w.Allocation.Add(kind, 1)
 				w.AllocatedBytes.Add(kind, n)
 			})
-			if a.cfg.MaxSplitSize != 0 && r.bsize[j] >= a.cfg.MaxSplitSize {
+			if a.cfg.MaxSplitSize != 0 && b.size >= a.cfg.MaxSplitSize {
 				rc.add(p, func(w *stats.DeviceStats) { w.OversizeAllocations.Add(1) })
 			}
 		}
@@ -1050,21 +1101,21 @@ func (a *Allocator) planSnapshotBlocks(id arena.BlockID, b arena.BlockInfo, pool
 	if r == nil {
 		return nil
 	}
-	var live []int
-	for j, q := range r.req {
-		if q != 0 {
-			live = append(live, j)
+	var live []planBlock
+	for _, b := range r.blocks {
+		if b.req != 0 {
+			live = append(live, b)
 		}
 	}
-	slices.SortFunc(live, func(x, y int) int { return cmpU64(r.off[x], r.off[y]) })
+	slices.SortFunc(live, func(x, y planBlock) int { return cmpU64(x.off, y.off) })
 	out := make([]stats.BlockInfo, 0, 2*len(live)+1)
 	var at uint64
-	for _, j := range live {
-		if r.off[j] > at {
-			out = append(out, stats.BlockInfo{Address: r.base + uintptr(at), Size: r.off[j] - at, Stream: uint64(b.Stream), Pool: pool, State: stats.BlockInactive})
+	for _, lb := range live {
+		if lb.off > at {
+			out = append(out, stats.BlockInfo{Address: r.base + uintptr(at), Size: lb.off - at, Stream: uint64(b.Stream), Pool: pool, State: stats.BlockInactive})
 		}
-		out = append(out, stats.BlockInfo{Address: r.base + uintptr(r.off[j]), Size: r.bsize[j], RequestedSize: r.req[j], Stream: uint64(b.Stream), Pool: pool, State: stats.BlockActiveAllocated})
-		at = r.off[j] + r.bsize[j]
+		out = append(out, stats.BlockInfo{Address: r.base + uintptr(lb.off), Size: lb.size, RequestedSize: lb.req, Stream: uint64(b.Stream), Pool: pool, State: stats.BlockActiveAllocated})
+		at = lb.off + lb.size
 	}
 	if at < r.size {
 		out = append(out, stats.BlockInfo{Address: r.base + uintptr(at), Size: r.size - at, Stream: uint64(b.Stream), Pool: pool, State: stats.BlockInactive})
@@ -1103,10 +1154,36 @@ func (p *Pool) StepStats() StepStats {
 	s := StepStats{State: sp.state.String(), Steps: sp.steps, Plans: sp.planned, Divergences: sp.divergences}
 	if r := sp.reg; r != nil {
 		s.RegionBytes, s.PlanBytes, s.PeakLiveBytes = r.size, r.need, r.peak
-		s.PlannedBlocks, s.Mallocs = len(r.off), len(r.calls)-1
+		s.PlannedBlocks, s.Mallocs = len(r.blocks), len(r.calls)-1
 	}
 	return s
 }
 
 // StepStats reports the default pool's planned-step state.
 func (a *Allocator) StepStats() StepStats { return a.def.StepStats() }
+
+// countPlanned counts in history h's profile, when block id is a plan
+// region, its live planned blocks as allocated before recording began;
+// false when id is no region. mu held.
+func (a *Allocator) countPlanned(h *history, id arena.BlockID, s backend.Stream) bool {
+	pl := a.planned
+	if pl == nil {
+		return false
+	}
+	r := pl.regionOf(id)
+	if r == nil {
+		return false
+	}
+	for _, b := range r.blocks {
+		if b.req != 0 {
+			kind := stats.SmallPool
+			if b.size > smallSize {
+				kind = stats.LargePool
+			}
+			c := h.count(profKey{stream: s, pool: kind})
+			c.allocs++
+			c.allocBytes += int64(b.size)
+		}
+	}
+	return true
+}

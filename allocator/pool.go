@@ -320,9 +320,14 @@ func (p *Pool) Malloc(size uint64, stream backend.Stream) (uintptr, error) {
 	}
 	a.mu.Lock()
 	if pl := a.planned; pl != nil && p.slot < len(pl.steps) {
-		if sp := pl.steps[p.slot]; sp != nil && sp.p == p && sp.state-stepLearning <= stepDiverged-stepLearning {
-			if addr, ok, err := a.stepMalloc(sp, size, stream); ok {
-				return addr, err
+		if sp := pl.steps[p.slot]; sp != nil && sp.p == p {
+			switch sp.state {
+			case stepPlanned:
+				if addr := a.planMalloc(sp, size, stream); addr != 0 {
+					return addr, nil
+				}
+			case stepLearning:
+				return a.learnMalloc(sp, size, stream)
 			}
 		}
 	}
