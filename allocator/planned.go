@@ -163,8 +163,8 @@ type stepPlan struct {
 	// held: the step is diverged because memory history is on or the
 	// pool slept, not because its calls differed; it is not counted.
 	held bool
-	reg       *planRegion
-	k         int // the next Malloc's index in reg.calls (planned, diverged)
+	reg  *planRegion
+	k    int // the next Malloc's index in reg.calls (planned, diverged)
 	// Figures for studies (StepStats).
 	planned, divergences, steps uint64
 }
@@ -203,11 +203,11 @@ type planRegion struct {
 	byRank  []int32     // per Free rank: the block
 	epoch   uint32      // the step's epoch: deadAt entries of other epochs are stale
 	prefix  int32       // ranks [0, prefix) are freed this step
-	keys    []uint64 // offset table (open addressing): offset+1, 0 empty
-	live    []int32  // offset table: the live block at that offset, or -1
-	shift   uint8    // 64 - log2(len(keys))
-	mask    uint64   // len(keys) - 1
-	nLive   int        // live planned blocks
+	keys    []uint64    // offset table (open addressing): offset+1, 0 empty
+	live    []int32     // offset table: the live block at that offset, or -1
+	shift   uint8       // 64 - log2(len(keys))
+	mask    uint64      // len(keys) - 1
+	nLive   int         // live planned blocks
 	uses    []backend.Stream
 	retired bool
 }
