@@ -625,7 +625,11 @@ func (a *Allocator) Malloc(size uint64, stream backend.Stream) (uintptr, error) 
 // growth, the OOM ladder and history. mu held; it unlocks.
 func (a *Allocator) mallocSlow(p *Pool, size uint64, stream backend.Stream) (uintptr, error) {
 	defer a.unlock()
-	return a.mallocLocked(p, size, stream)
+	addr, err := a.mallocLocked(p, size, stream)
+	if err != nil && a.planned != nil && a.dropIdleRegions(err) {
+		return a.mallocLocked(p, size, stream) // with the idle plan regions back in the heap
+	}
+	return addr, err
 }
 
 // mallocLocked is mallocSlow without the unlock. mu held (dropped while

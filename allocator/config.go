@@ -98,8 +98,8 @@ type Config struct {
 	OwnedBufferGC bool
 	// PlannedSteps: once MarkStep marks the end of each step, a pool whose
 	// steps repeat the same calls serves them from an offline-packed
-	// region (planned.go). Default false. Key: planned_steps, True or
-	// False.
+	// region (planned.go). Nothing changes until MarkStep is called.
+	// Default true. Key: planned_steps, True or False.
 	PlannedSteps bool
 	// Backend names the driver a program should open (backend/drivers):
 	// "native", PyTorch's value and the default, leaves the choice to the
@@ -126,6 +126,7 @@ func DefaultConfig() Config {
 		MaxSegmentsPerPool:       2,
 		DefragThreshold:          0.01,
 		OwnedBufferGC:            true,
+		PlannedSteps:             true,
 		Backend:                  "native",
 	}
 }
@@ -437,8 +438,8 @@ func (c Config) String() string {
 	if !c.OwnedBufferGC {
 		b.WriteString(",owned_buffer_gc:False")
 	}
-	if c.PlannedSteps {
-		b.WriteString(",planned_steps:True")
+	if !c.PlannedSteps {
+		b.WriteString(",planned_steps:False")
 	}
 	if c.Backend != "" && c.Backend != "native" {
 		fmt.Fprintf(b, ",backend:%s", c.Backend)

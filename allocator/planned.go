@@ -1187,3 +1187,24 @@ func (a *Allocator) countPlanned(h *history, id arena.BlockID, s backend.Stream)
 	}
 	return true
 }
+
+// dropIdleRegions gives the plan regions with no live block back to the
+// heap when a Malloc ran out of memory (err), so that a diverged step, or
+// another pool, can use them before it fails; their pools learn again.
+// It reports whether it freed any. mu held.
+func (a *Allocator) dropIdleRegions(err error) bool {
+	var oom *OutOfMemoryError
+	pl := a.planned
+	if !errors.As(err, &oom) || pl == nil {
+		return false
+	}
+	freed := false
+	for _, sp := range pl.steps {
+		if sp != nil && sp.reg != nil && sp.reg.nLive == 0 {
+			sp.diverge()
+			_ = a.relearn(pl, sp)
+			freed = true
+		}
+	}
+	return freed
+}

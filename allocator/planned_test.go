@@ -124,13 +124,64 @@ func TestPlannedStepsLearnPlanServe(t *testing.T) {
 	assert.Equal(t, before.Allocation[stats.AllPools].Allocated+4*6, after.Allocation[stats.AllPools].Allocated)
 }
 
-func TestPlannedStepsOffByDefault(t *testing.T) {
-	a, e := newAlloc(t, "")
-	r := newRunner(t, a, e)
-	for i := 0; i < 4; i++ {
-		r.step(trainStep)
+func TestPlannedStepsConfig(t *testing.T) {
+	tests := []struct {
+		conf, want string
+	}{
+		{"", "planned"}, // on by default
+		{"planned_steps:True", "planned"},
+		{"planned_steps:False", "off"},
 	}
-	assert.Equal(t, "off", a.StepStats().State)
+	for _, tc := range tests {
+		t.Run(tc.conf, func(t *testing.T) {
+			a, e := newAlloc(t, tc.conf)
+			r := newRunner(t, a, e)
+			for i := 0; i < 4; i++ {
+				r.step(trainStep)
+			}
+			assert.Equal(t, tc.want, a.StepStats().State)
+		})
+	}
+	cfg, err := ParseConfig("planned_steps:False")
+	require.NoError(t, err)
+	assert.Contains(t, cfg.String(), "planned_steps:False")
+	assert.NotContains(t, DefaultConfig().String(), "planned_steps")
+	_, err = ParseConfig("planned_steps:maybe")
+	assert.ErrorIs(t, err, ErrInvalidConfig)
+}
+
+// TestPlannedStepsUnmarked: without MarkStep, planning changes nothing:
+// the same addresses and driver calls as with it off.
+func TestPlannedStepsUnmarked(t *testing.T) {
+	run := func(conf string) ([]uintptr, int64) {
+		a, e := newAlloc(t, conf)
+		var addrs []uintptr
+		for i := 0; i < 4; i++ {
+			ptrs := map[int]uintptr{}
+			for _, op := range trainStep {
+				if op.size == 0 {
+					if p, ok := ptrs[op.slot]; ok {
+						require.NoError(t, a.Free(p))
+					}
+					continue
+				}
+				p, err := a.Malloc(op.size, 0)
+				require.NoError(t, err)
+				ptrs[op.slot] = p
+				addrs = append(addrs, p)
+			}
+			require.NoError(t, a.Free(ptrs[9]))
+		}
+		mustCheck(t, a, e)
+		if conf == "" {
+			assert.Equal(t, "unmarked", a.StepStats().State)
+		}
+		return addrs, driverCalls(a.Stats())
+	}
+	on, onCalls := run("")
+	off, offCalls := run("planned_steps:False")
+	assert.Equal(t, off, on)
+	assert.Equal(t, offCalls, onCalls)
 }
 
 func TestPlannedStepsDivergence(t *testing.T) {
@@ -412,5 +463,26 @@ func TestPlannedStepsHistoryStacks(t *testing.T) {
 		r.step(trainStep)
 	}
 	assert.Equal(t, "learning", a.StepStats().State, "with history on, a step is not planned: every block gets its stack")
+	mustCheck(t, a, e)
+}
+
+func TestPlannedStepsOOMReleasesIdleRegion(t *testing.T) {
+	a, e := newAlloc(t, plannedConf, emulated.WithCapacity(64<<20))
+	r := newRunner(t, a, e)
+	small := []stepOp{{0, 20 << 20}, {1, 20 << 20}, {0, 0}, {1, 0}}
+	for i := 0; i < 3; i++ {
+		r.step(small)
+	}
+	require.Equal(t, "planned", r.state())
+	require.Positive(t, a.StepStats().RegionBytes)
+	// Another pool needs nearly the whole device: the idle region goes
+	// back to the heap instead of an out-of-memory error.
+	p, err := a.NewPool(PoolOptions{Name: "eval"})
+	require.NoError(t, err)
+	x, err := p.Malloc(50<<20, 0)
+	require.NoError(t, err)
+	assert.Equal(t, "learning", r.state())
+	mustCheck(t, a, e)
+	require.NoError(t, a.Free(x))
 	mustCheck(t, a, e)
 }

@@ -474,7 +474,8 @@ func (l *Library) EmptyCache(dev int) error {
 }
 
 // MarkStep marks the end of a step on device dev's default pool
-// (Allocator.MarkStep), or on every device used so far for -1.
+// (Allocator.MarkStep: planned steps), or on every device used so far for
+// -1.
 func (l *Library) MarkStep(dev int) error {
 	ds, err := l.devices(dev)
 	if err != nil {

@@ -112,9 +112,9 @@ int vmmalloc_empty_cache(int device);
  * (torch.cuda.set_per_process_memory_fraction). */
 int vmmalloc_set_memory_fraction(double fraction, int device);
 /* Marks the end of a step (a training iteration, a served batch) on
- * device's default pool; device -1: all. With planned_steps:True in
- * VMMALLOC_CONF, a step that repeats is served from one region packed
- * offline; a call that differs sends the rest of the step to the heap. */
+ * device's default pool; device -1: all. A step that repeats is served
+ * from one region packed offline; a call that differs sends the rest of
+ * the step to the heap (planned_steps:False in VMMALLOC_CONF: off). */
 int vmmalloc_mark_step(int device);
 /* Marks ptr as used by work on stream (Tensor.record_stream). */
 int vmmalloc_record_stream_checked(void *ptr, vmmalloc_stream_t stream);
