@@ -486,3 +486,41 @@ func TestPlannedStepsOOMReleasesIdleRegion(t *testing.T) {
 	require.NoError(t, a.Free(x))
 	mustCheck(t, a, e)
 }
+
+func TestPlannedStepsSnapshot(t *testing.T) {
+	a, e := newAlloc(t, plannedConf)
+	r := newRunner(t, a, e)
+	for i := 0; i < 3; i++ {
+		r.step(trainStep)
+	}
+	p0, err := a.Malloc(4<<20, 0)
+	require.NoError(t, err)
+	p1, err := a.Malloc(1<<20, 0)
+	require.NoError(t, err)
+	require.Equal(t, "planned", a.StepStats().State)
+	snap := a.Snapshot()
+	seen := map[uintptr]stats.BlockInfo{}
+	var allocated uint64
+	for _, sg := range snap.Segments {
+		var at uintptr = sg.Address
+		for _, b := range sg.Blocks {
+			require.Equal(t, at, b.Address, "blocks tile the segment")
+			at += uintptr(b.Size)
+			if b.State == stats.BlockActiveAllocated {
+				seen[b.Address] = b
+				allocated += b.Size
+			}
+		}
+		require.Equal(t, sg.Address+uintptr(sg.TotalSize), at)
+	}
+	require.Contains(t, seen, p0)
+	require.Contains(t, seen, p1)
+	assert.Equal(t, uint64(4<<20), seen[p0].Size)
+	assert.Equal(t, uint64(1<<20), seen[p1].RequestedSize)
+	st := a.Stats()
+	assert.Equal(t, st.AllocatedBytes[stats.AllPools].Current, int64(allocated), "the snapshot's allocated blocks are the statistics'")
+	assert.Equal(t, int64(2), st.Allocation[stats.AllPools].Current-int64(len(r.ptrs)), "two planned blocks besides the kept one")
+	require.NoError(t, a.Free(p0))
+	require.NoError(t, a.Free(p1))
+	mustCheck(t, a, e)
+}
