@@ -219,7 +219,7 @@ func (h *history) callerStack() uint32 {
 	}
 	// Frames: runtime.Callers, callerStack, the hist* hook, the general
 	// path's body (mallocLocked or freeLocked), the general path
-	// (mallocSlow or freeSlow; stepMalloc for a learning step), the
+	// (mallocSlow or freeSlow; learnMalloc for a learning step), the
 	// public method (Malloc or Free), then its caller.
 	clear(h.pcs[:])
 	n := runtime.Callers(6, h.pcs[:])
