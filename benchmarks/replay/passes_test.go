@@ -28,7 +28,7 @@ func stepEvents() []trace.Event {
 
 func TestWarmPasses(t *testing.T) {
 	on, off := allocator.DefaultConfig(), allocator.DefaultConfig()
-	on.PlannedSteps = true
+	on.PlannedSteps, off.PlannedSteps = true, false
 	planned, err := WarmPasses(stepEvents(), on, 1<<30, 5)
 	require.NoError(t, err)
 	base, err := WarmPasses(stepEvents(), off, 1<<30, 5)
