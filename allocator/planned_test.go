@@ -1,6 +1,7 @@
 package allocator
 
 import (
+	"sync"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -522,5 +523,58 @@ func TestPlannedStepsSnapshot(t *testing.T) {
 	assert.Equal(t, int64(2), st.Allocation[stats.AllPools].Current-int64(len(r.ptrs)), "two planned blocks besides the kept one")
 	require.NoError(t, a.Free(p0))
 	require.NoError(t, a.Free(p1))
+	mustCheck(t, a, e)
+}
+
+// TestPlannedStepsConcurrent: goroutines on streams of their own make a
+// step's calls concurrently, so the order of the step's calls differs
+// from step to step; planning must stay safe (no overlapping live
+// blocks, Check clean) whatever it decides.
+func TestPlannedStepsConcurrent(t *testing.T) {
+	a, e := newAlloc(t, plannedConf)
+	const workers = 4
+	streams := make([]backend.Stream, workers)
+	for i := range streams {
+		s, err := e.StreamCreate(0)
+		require.NoError(t, err)
+		streams[i] = s
+	}
+	for step := 0; step < 12; step++ {
+		var wg sync.WaitGroup
+		errs := make(chan error, workers)
+		for w := 0; w < workers; w++ {
+			wg.Add(1)
+			go func(s backend.Stream) {
+				defer wg.Done()
+				var ptrs []uintptr
+				for _, size := range []uint64{1 << 20, 3 << 20, 512, 2 << 20} {
+					p, err := a.Malloc(size, s)
+					if err != nil {
+						errs <- err
+						return
+					}
+					ptrs = append(ptrs, p)
+				}
+				for _, p := range ptrs {
+					if err := a.Free(p); err != nil {
+						errs <- err
+						return
+					}
+				}
+			}(streams[w])
+		}
+		wg.Wait()
+		close(errs)
+		for err := range errs {
+			require.NoError(t, err)
+		}
+		require.NoError(t, a.MarkStep())
+		mustCheck(t, a, e)
+	}
+	for _, s := range streams {
+		require.NoError(t, a.Synchronize(s))
+		require.NoError(t, a.ReleaseStream(s))
+		require.NoError(t, e.StreamDestroy(s))
+	}
 	mustCheck(t, a, e)
 }
