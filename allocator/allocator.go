@@ -626,7 +626,7 @@ func (a *Allocator) Malloc(size uint64, stream backend.Stream) (uintptr, error) 
 func (a *Allocator) mallocSlow(p *Pool, size uint64, stream backend.Stream) (uintptr, error) {
 	defer a.unlock()
 	addr, err := a.mallocLocked(p, size, stream)
-	if err != nil && a.planned != nil && a.dropIdleRegions(err) {
+	if err != nil && a.planned != nil && a.dropIdleRegions(p, err) {
 		return a.mallocLocked(p, size, stream) // with the idle plan regions back in the heap
 	}
 	return addr, err

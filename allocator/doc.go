@@ -199,6 +199,19 @@
 // unaligned address, outside every reservation, or in the unmapped part of
 // one. A config string that sets a key twice is refused.
 //
+// # Planned steps
+//
+// A framework calls MarkStep once per step (Pool.MarkStep for a pool's
+// own). A pool whose steps repeat the same Mallocs and Frees learns the
+// step, packs the blocks born and freed within it into one region offline
+// (package arena/plan), and serves later steps from the plan: the k-th
+// Malloc checks its rounded size and stream against the k-th call learned
+// and returns base+offset[k], with no search, split, merge or driver call.
+// The first call that differs sends the rest of the step to the heap. The
+// state machine (unmarked, learning, planned, diverged, off) is described
+// in planned.go; StepStats reports it. planned_steps:False turns it off;
+// without MarkStep nothing changes.
+//
 // # Memory history
 //
 // RecordHistory (off by default) keeps a ring of alloc, free_requested,

@@ -25,14 +25,18 @@ import (
 // Each pool's step is a state machine of its own (stepPlan):
 //
 //	unmarked ──MarkStep──▶ learning ──two identical steps──▶ planned
-//	                          ▲  │ 8 steps that differ             │ a call that differs,
-//	                          │  ▼                                 │ an OOM, Sleep, history
-//	                          │ off ◀── 4 re-learns ─┐             ▼
-//	                          └──── re-learn ◀────────── diverged ─┘ (the rest of the step
-//	                             (EmptyCache, RecordStream           goes to the heap)
-//	                              on a planned block, live
-//	                              planned blocks at MarkStep,
-//	                              two diverged steps in a row)
+//	                         ▲   │                             │    ▲
+//	               re-learn ─┘   │ 8 steps in a row            │    │ MarkStep after
+//	               (below)       ▼ that differ                 ▼    │ a first divergence
+//	                            off ◀──── 4 re-learns ──── diverged ┘
+//
+// A step diverges at a call that differs, a late Free, a step that ends
+// early, an out-of-memory error, Sleep or memory history. A pool
+// re-learns (its region freed, or retired while blocks of it are live)
+// after two diverged steps in a row, planned blocks still live at
+// MarkStep, EmptyCache, or RecordStream on a planned block; 4 re-learns
+// without 64 planned steps in a row between them turn planning off for
+// the pool.
 //
 //   - learning: every Malloc of the pool goes through the general path and
 //     is recorded (rounded size, stream), as is every Free of a block born
@@ -103,6 +107,10 @@ const (
 	// maxRelearns is how many times a pool re-learns before planning is
 	// turned off for it.
 	maxRelearns = 4
+	// forgiveAfter is how many planned steps in a row reset the count of
+	// re-learns, so that a training loop whose evaluation now and then
+	// forces a re-learn keeps planning.
+	forgiveAfter = 64
 	// maxStepCalls bounds the calls one learned step records.
 	maxStepCalls = 1 << 22
 )
@@ -158,7 +166,8 @@ type stepPlan struct {
 	cur, prev []stepCall
 	bad       bool
 	misses    int // learning steps in a row that differed from the previous one
-	relearns  int // regions dropped to re-learn, ever
+	relearns  int // regions dropped to re-learn since the last forgiveAfter planned steps in a row
+	streak    int // planned steps in a row that matched the plan
 	diverged  int // diverged steps in a row
 	// held: the step is diverged because memory history is on or the
 	// pool slept, not because its calls differed; it is not counted.
@@ -333,8 +342,12 @@ func (a *Allocator) markStep(pl *planner, sp *stepPlan) error {
 		if sp.k != len(sp.reg.calls)-1 {
 			sp.divergences++
 			sp.diverged++
+			sp.streak = 0
 		} else {
 			sp.diverged = 0
+			if sp.streak++; sp.streak >= forgiveAfter {
+				sp.relearns = 0 // a long run of planned steps: divergences were exceptions
+			}
 		}
 		return a.restartStep(pl, sp)
 	case stepDiverged:
@@ -1188,15 +1201,19 @@ func (a *Allocator) countPlanned(h *history, id arena.BlockID, s backend.Stream)
 	return true
 }
 
-// dropIdleRegions gives the plan regions with no live block back to the
-// heap when a Malloc ran out of memory (err), so that a diverged step, or
-// another pool, can use them before it fails; their pools learn again.
-// It reports whether it freed any. mu held.
-func (a *Allocator) dropIdleRegions(err error) bool {
+// dropIdleRegions, when a Malloc of pool p ran out of memory (err),
+// diverges p's step and gives the plan regions with no live block back to
+// the heap, so that the step, or another pool, can use them before it
+// fails; their pools learn again. It reports whether it freed any. mu
+// held.
+func (a *Allocator) dropIdleRegions(p *Pool, err error) bool {
 	var oom *OutOfMemoryError
 	pl := a.planned
 	if !errors.As(err, &oom) || pl == nil {
 		return false
+	}
+	if p.slot < len(pl.steps) && pl.steps[p.slot] != nil && pl.steps[p.slot].p == p {
+		pl.steps[p.slot].diverge() // the rest of the step goes to the heap
 	}
 	freed := false
 	for _, sp := range pl.steps {

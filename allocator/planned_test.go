@@ -578,3 +578,36 @@ func TestPlannedStepsConcurrent(t *testing.T) {
 	}
 	mustCheck(t, a, e)
 }
+
+func TestPlannedStepsRelearnsForgiven(t *testing.T) {
+	a, e := newAlloc(t, plannedConf)
+	r := newRunner(t, a, e)
+	short := []stepOp{{0, 4 << 20}, {1, 1 << 20}, {0, 0}, {1, 0}}
+	other := []stepOp{{0, 5 << 20}, {1, 1 << 20}, {0, 0}, {1, 0}}
+	relearns := func() int { return a.planned.def.relearns }
+	for i := 0; i < 3; i++ {
+		r.step(short)
+	}
+	require.Equal(t, "planned", r.state())
+	// An evaluation of two steps: a re-learn, then the training step's
+	// plan is learned again.
+	evaluate := func() {
+		r.step(other)
+		r.step(other)
+		require.Equal(t, "learning", r.state())
+		for i := 0; i < 2; i++ {
+			r.step(short)
+		}
+		require.Equal(t, "planned", r.state())
+	}
+	for i := 1; i <= 3; i++ {
+		evaluate()
+		require.Equal(t, i, relearns())
+	}
+	for i := 0; i < forgiveAfter; i++ {
+		r.step(short)
+	}
+	assert.Zero(t, relearns(), "a long run of planned steps forgives the re-learns")
+	evaluate()
+	assert.Equal(t, "planned", r.state(), "a fourth evaluation does not turn planning off")
+}
