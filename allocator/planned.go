@@ -82,8 +82,15 @@ import (
 // stack, so while history is on a planned step diverges and the heap
 // serves it.
 //
+// Memory: a region with no live block is cache the heap cannot reuse, so
+// a Malloc about to fail with an out-of-memory error first gives every
+// such region back to the heap (dropIdleRegions), and its pool learns
+// again. Isolated pools are never planned.
+//
 // The Allocator holds one pointer (planned), nil when planned_steps is
-// off; the hot paths test it and nothing else.
+// off: a Malloc or Free without planning tests it and nothing more; with
+// planning, Malloc tests the pool's state and Free the newest region's
+// bounds before anything else.
 
 // stepState is a pool's planned-step state.
 type stepState uint8
