@@ -611,3 +611,34 @@ func TestPlannedStepsRelearnsForgiven(t *testing.T) {
 	evaluate()
 	assert.Equal(t, "planned", r.state(), "a fourth evaluation does not turn planning off")
 }
+
+func TestPlannedStepsPrivatePoolSleepWake(t *testing.T) {
+	a, e := newAlloc(t, plannedConf)
+	p, err := a.NewPool(PoolOptions{Name: "actor"})
+	require.NoError(t, err)
+	r := newRunner(t, a, e)
+	r.p = p
+	for i := 0; i < 3; i++ {
+		r.step(trainStep)
+	}
+	require.Equal(t, "planned", r.state())
+	region := p.StepStats().RegionBytes
+	require.NoError(t, p.Sleep(SleepOptions{Mode: Discard}))
+	mustCheck(t, a, e)
+	assert.Zero(t, p.MemoryReserved(), "asleep, the region's memory is given back too")
+	_, err = p.Malloc(4<<20, 0)
+	assert.ErrorIs(t, err, ErrPoolAsleep)
+	require.NoError(t, p.MarkStep())
+	assert.Equal(t, "diverged", r.state(), "held while asleep")
+	require.NoError(t, p.Wake())
+	mustCheck(t, a, e)
+	require.NoError(t, p.MarkStep())
+	assert.Equal(t, "planned", r.state())
+	before := driverCalls(a.Stats())
+	r.step(trainStep)
+	r.step(trainStep)
+	assert.Equal(t, "planned", r.state())
+	assert.Equal(t, before, driverCalls(a.Stats()), "the same region serves after Wake")
+	assert.Equal(t, region, p.StepStats().RegionBytes)
+	assert.Zero(t, p.StepStats().Divergences, "a sleep is not the step's divergence")
+}
