@@ -1,6 +1,7 @@
 package allocator
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"math"
@@ -1089,7 +1090,7 @@ func (a *Allocator) checkPlans(rc *recount) error {
 		if len(live) != r.nLive {
 			return corrupt("plan region %#x counts %d live blocks, %d are", r.base, r.nLive, len(live))
 		}
-		slices.SortFunc(live, func(x, y span) int { return cmpU64(x.off, y.off) })
+		slices.SortFunc(live, func(x, y span) int { return cmp.Compare(x.off, y.off) })
 		for i := 1; i < len(live); i++ {
 			if live[i].off < live[i-1].end {
 				return corrupt("plan region %#x: live planned blocks at +%d and +%d overlap", r.base, live[i-1].off, live[i].off)
@@ -1097,16 +1098,6 @@ func (a *Allocator) checkPlans(rc *recount) error {
 		}
 	}
 	return nil
-}
-
-func cmpU64(x, y uint64) int {
-	switch {
-	case x < y:
-		return -1
-	case x > y:
-		return 1
-	}
-	return 0
 }
 
 // planSnapshotBlocks expands region block b of a snapshot into its live
@@ -1127,7 +1118,7 @@ func (a *Allocator) planSnapshotBlocks(id arena.BlockID, b arena.BlockInfo, pool
 			live = append(live, b)
 		}
 	}
-	slices.SortFunc(live, func(x, y planBlock) int { return cmpU64(x.off, y.off) })
+	slices.SortFunc(live, func(x, y planBlock) int { return cmp.Compare(x.off, y.off) })
 	out := make([]stats.BlockInfo, 0, 2*len(live)+1)
 	var at uint64
 	for _, lb := range live {
