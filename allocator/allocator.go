@@ -90,6 +90,12 @@ type Allocator struct {
 	growSeq      uint64
 	mappingBytes uint64
 	grown        sync.Cond
+	// releasesLive are the tickets, ascending, of the releases whose
+	// unmaps run with mu dropped (releaseRels, flushUnmaps), releaseSeq
+	// the last issued; grown is signalled when one ends too, for a
+	// ladder's last look (oom.go). mu.
+	releasesLive []uint64
+	releaseSeq   uint64
 
 	// def is the default pool: the allocator's own cache (pool.go).
 	def Pool

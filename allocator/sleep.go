@@ -840,27 +840,9 @@ const rollbackTries = 3
 
 // wakeOOM is the error of a Wake the device has no memory for. mu held.
 func (a *Allocator) wakeOOM(p *Pool, total uint64, cause error) error {
-	for _, st := range a.statsOf(p) {
-		st.NumOOMs++
-	}
-	free, _, _ := a.drv.MemGetInfo(a.dev)
-	oom := &OutOfMemoryError{
-		Device:          a.dev,
-		Requested:       total,
-		Tried:           total,
-		Total:           a.total,
-		Free:            free,
-		Allocated:       uint64(a.st.AllocatedBytes[0].Current),
-		Reserved:        uint64(a.st.ReservedBytes[0].Current),
-		Stranded:        a.strandedBytes(),
-		AsleepAllocated: a.asleepAllocated(),
-		Pool:            p.id,
-		PoolName:        p.name,
-		Cause:           cause,
-	}
-	if a.allowed < a.total {
-		oom.Allowed = a.allowed
-	}
+	oom := a.newOOM(p, nil, nil, total, 0, total)
+	oom.Pool, oom.PoolName, oom.Cause = p.id, p.name, cause
+	a.adviseOOM(oom, p)
 	return oom
 }
 
