@@ -120,6 +120,7 @@ func (a *Allocator) allocSlow(ss *streamState, cl *sizeClass, rounded, size uint
 				return b, nil
 			}
 		}
+		before := a.roomNow(ss.pool, cl)
 		if b, err = a.grow(ss, cl, rounded); err == nil || !isOOM(err) {
 			return b, err
 		}
@@ -134,7 +135,7 @@ func (a *Allocator) allocSlow(ss *streamState, cl *sizeClass, rounded, size uint
 		if b, waited, release, werr = a.lastLook(ss, cl, rounded, false); b != arena.NoBlock || werr != nil {
 			return b, werr
 		}
-		if !waited && !release {
+		if !waited && !release && !a.roomNow(ss.pool, cl).more(before) {
 			break
 		}
 	}
@@ -170,6 +171,7 @@ func (a *Allocator) poolLimitLadder(ss *streamState, cl *sizeClass, rounded, siz
 				return b, nil
 			}
 		}
+		before := a.roomNow(ss.pool, cl)
 		b, err := a.grow(ss, cl, rounded)
 		if err == nil || !errors.Is(err, errPoolLimit) {
 			return b, err
@@ -181,7 +183,7 @@ func (a *Allocator) poolLimitLadder(ss *streamState, cl *sizeClass, rounded, siz
 		if b, waited, release, err = a.lastLook(ss, cl, rounded, true); b != arena.NoBlock || err != nil {
 			return b, err
 		}
-		if !waited && !release {
+		if !waited && !release && !a.roomNow(ss.pool, cl).more(before) {
 			break
 		}
 	}

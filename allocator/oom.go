@@ -78,6 +78,29 @@ func (a *Allocator) lastLook(ss *streamState, cl *sizeClass, rounded uint64, poo
 	return arena.NoBlock, waited, a.releaseWouldHelp(only), nil
 }
 
+// room is what a growth of pool p in size class cl has room for: the
+// device's free memory, the bytes per_process_memory_fraction and the
+// pool's limit still allow (growths in flight counted), and the
+// expandable segments reserved. mu held.
+type room struct {
+	free, capRoom, poolRoom uint64
+	segs                    int
+}
+
+func (a *Allocator) roomNow(p *Pool, cl *sizeClass) room {
+	free, _, _ := a.drv.MemGetInfo(a.dev)
+	used := uint64(a.st.ReservedBytes[0].Current) + a.mappingBytes
+	pused := uint64(a.poolRec(p).ReservedBytes[0].Current) + p.mapping
+	return room{free: free, capRoom: a.allowed - min(a.allowed, used), poolRoom: p.limit - min(p.limit, pused), segs: cl.nexp}
+}
+
+// more reports whether r has room that old had not: memory given back
+// (a growth that failed, a release) while a growth that failed ran with
+// mu dropped, which the next growth may use.
+func (r room) more(old room) bool {
+	return r.free > old.free || r.capRoom > old.capRoom || r.poolRoom > old.poolRoom || r.segs < old.segs
+}
+
 // releaseWouldHelp reports whether rung 2 of the ladder (releaseAll), or
 // for a pool at its limit releasePool (p not nil), has memory to return:
 // a block pending on stream events, handles in the handle caches, or a
