@@ -114,12 +114,21 @@
 //     too), so no pool starves for memory another pool only caches,
 //     releases empty segments and cached handles, and retries
 //     (num_alloc_retries);
-//  3. returns an *OutOfMemoryError stating the request, device total and
-//     free memory, allocated bytes, and reserved-but-unallocated bytes.
+//  3. takes a last look (oom.go): waits for the growths, releases and
+//     collections of other goroutines in flight, searches the free lists
+//     again, and climbs rung 2 again while memory to release appeared
+//     with the lock dropped (or grows again where room came back), so
+//     that a retry with nothing changed never succeeds where the Malloc
+//     failed;
+//  4. returns an *OutOfMemoryError stating the request, device total and
+//     free memory, allocated bytes, reserved-but-unallocated bytes, and
+//     where the free memory is (the largest free block the request could
+//     use, free bytes unusable for its size, other streams' and pools'
+//     caches), with advice that tells fragmentation from exhaustion.
 //
 // A growth that would take a pool past its own memory limit
 // (PoolOptions.MemoryLimit) releases only that pool's free memory, retries
-// once, and returns an *OutOfMemoryError whose PoolLimit says the pool's
+// (with the last look, within the pool), and returns an *OutOfMemoryError whose PoolLimit says the pool's
 // limit, not the device, was hit: other pools' caches are theirs.
 //
 // Completed events are processed at the start of every Malloc that has
@@ -365,9 +374,12 @@
 //     Allocator.grown; not for growths started later, so a goroutine that
 //     grows again and again starves nobody), takes its stream's best fit
 //     if one appeared, and before declaring out-of-memory waits again for
-//     the growths then in flight and retries once, so that two Mallocs do
-//     not both grow for what one growth serves and the memory a failing
-//     growth held is not refused to the other. holdForGrowth
+//     the growths then in flight and retries (the last look, oom.go), so
+//     that two Mallocs do not both grow for what one growth serves and the
+//     memory a failing growth held is not refused to the other. The last
+//     look waits the same way for the releases in flight (releaseRels and
+//     flushUnmaps take a ticket in Allocator.releasesLive for their
+//     window; awaitReleases) and for owned-Buffer collections. holdForGrowth
 //     raises and lowers the handle cache's limit by its own amount, so
 //     overlapping growths each undo only their raise.
 //   - Pool.Sleep and Pool.Wake (sleep.go): mark the pool Sleeping or
