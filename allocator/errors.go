@@ -131,7 +131,7 @@ func (e *OutOfMemoryError) Error() string {
 		s = fmt.Sprintf("vmmalloc: out of memory: tried to allocate %s. Device %d has a total capacity of %s of which %s is free. ",
 			humanize.IBytes(e.Tried), e.Device, humanize.IBytes(e.Total), humanize.IBytes(e.Free))
 		if e.Allowed != 0 {
-			s += humanize.IBytes(e.Allowed) + " allowed; "
+			s += humanize.IBytes(e.Allowed) + " allowed by per_process_memory_fraction. "
 		}
 		s += fmt.Sprintf("Of the allocated memory %s is allocated by vmmalloc, and %s is reserved by vmmalloc but unallocated",
 			humanize.IBytes(e.Allocated), humanize.IBytes(e.Reserved-min(e.Reserved, e.Allocated-min(e.Allocated, e.AsleepAllocated))))

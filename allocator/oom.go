@@ -289,9 +289,9 @@ func (a *Allocator) adviseOOM(e *OutOfMemoryError, p *Pool) {
 	case e.PoolLimit != 0:
 		s = "the pool's memory limit is reached; free memory in the pool, or raise its MemoryLimit"
 	case e.Allowed != 0:
-		s = "the memory per_process_memory_fraction allows is in use; free memory, or raise per_process_memory_fraction (SetMemoryFraction)"
+		s = "per_process_memory_fraction leaves too little room for it; free memory, or raise per_process_memory_fraction (SetMemoryFraction)"
 	default:
-		s = "the device is full; free memory (tensors still referenced) or use less"
+		s = "the device has too little free memory for it; free memory (tensors still referenced) or use less"
 	}
 	e.Advice = "Advice: " + s + "."
 }

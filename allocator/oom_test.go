@@ -92,7 +92,7 @@ func TestOutOfMemoryErrorTellsFragmentationFromExhaustion(t *testing.T) {
 		assert.Zero(t, oom.Unusable)
 		assert.Equal(t, uint64(4*mib), oom.Room())
 		assert.False(t, oom.Fragmented())
-		assert.Contains(t, oom.Advice, "the device is full")
+		assert.Contains(t, oom.Advice, "the device has too little free memory")
 		mustCheck(t, a, e)
 		require.NoError(t, a.Free(p))
 	})

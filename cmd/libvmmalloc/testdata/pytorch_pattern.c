@@ -352,6 +352,7 @@ static void oom_and_fraction(void) {
 	void *p = v_alloc(700 * MIB, 0, NULL);
 	CHECK(p == NULL, "700 MiB more on a 1 GiB device");
 	CHECK(strstr(last_error(), "out of memory"), "OOM message");
+	CHECK(strstr(last_error(), "largest free block") && strstr(last_error(), "Advice: "), "OOM message whole, with its figures and advice");
 	printf("ok: OOM returns NULL: %s\n", last_error());
 	v_free(big, 700 * MIB, 0, NULL);
 	CHECK(v_empty_cache(0) == 0, "empty_cache");
