@@ -125,7 +125,11 @@ func (a *Allocator) allocSlow(ss *streamState, cl *sizeClass, rounded, size uint
 			return b, err
 		}
 		if errors.Is(err, errPoolLimit) {
-			return arena.NoBlock, a.limitOOM(ss, cl, rounded, size)
+			// Growths of other goroutines took the pool to its limit
+			// meanwhile: its own ladder, with its last look.
+			if b, err = a.poolLimitLadder(ss, cl, rounded, size); err == nil || !isOOM(err) || errors.Is(err, ErrOutOfMemory) {
+				return b, err
+			}
 		}
 		if try == maxLadderTries {
 			break

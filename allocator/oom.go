@@ -101,19 +101,17 @@ func (r room) more(old room) bool {
 	return r.free > old.free || r.capRoom > old.capRoom || r.poolRoom > old.poolRoom || r.segs < old.segs
 }
 
-// releaseWouldHelp reports whether rung 2 of the ladder (releaseAll), or
-// for a pool at its limit releasePool (p not nil), has memory to return:
-// a block pending on stream events, handles in the handle caches, or a
-// free block that holds a whole physical handle or is a whole classic
-// segment, of a stream in use or a released stream's (idle owner), in a
-// pool that is awake. Memory of streams destroyed without ReleaseStream
-// is left out: only a device synchronize returns it, which rung 2 made
-// already. mu held.
+// releaseWouldHelp reports whether rung 2 of the ladder (releaseAll) has
+// memory to return: a block pending on stream events, handles in the
+// handle caches, or a free block that holds a whole physical handle or is
+// a whole classic segment, of a stream in use or a released stream's
+// (idle owner), in a pool that is awake. For a pool at its limit (p not
+// nil) it is releasePool's: such free blocks of p (releasePool waits for
+// no event, and cached handles count against no pool). Memory of streams
+// destroyed without ReleaseStream is left out: only a device synchronize
+// returns it, which rung 2 made already. mu held.
 func (a *Allocator) releaseWouldHelp(p *Pool) bool {
-	if a.pending > len(a.stranded) {
-		return true
-	}
-	if p == nil && a.cachedHandleBytes() > 0 {
+	if p == nil && (a.pending > len(a.stranded) || a.cachedHandleBytes() > 0) {
 		return true
 	}
 	found := false
