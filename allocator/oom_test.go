@@ -164,3 +164,33 @@ func TestOutOfMemoryErrorPoolLimit(t *testing.T) {
 	mustCheck(t, a, e)
 	require.NoError(t, a.Free(x))
 }
+
+// TestOutOfMemoryErrorWake: a Wake the device has no room for reports
+// what it needs (handles, not a block: no Rounded) and what other pools
+// cache.
+func TestOutOfMemoryErrorWake(t *testing.T) {
+	a, e := newAlloc(t, "", emulated.WithCapacity(64*mib))
+	roll, err := a.NewPool(PoolOptions{Name: "rollout"})
+	require.NoError(t, err)
+	w, err := roll.Malloc(32*mib, 0)
+	require.NoError(t, err)
+	require.NoError(t, roll.Sleep(SleepOptions{Mode: Discard}))
+	g, err := a.Malloc(48*mib, 0)
+	require.NoError(t, err)
+
+	oom := oomOf(t, roll.Wake())
+	assert.Equal(t, roll.ID(), oom.Pool)
+	assert.Equal(t, "rollout", oom.PoolName)
+	assert.Zero(t, oom.Rounded)
+	assert.Equal(t, uint64(32*mib), oom.Tried)
+	assert.Zero(t, oom.Largest)
+	assert.Zero(t, oom.Unusable)
+	assert.False(t, oom.Fragmented())
+	assert.Equal(t, uint64(16*mib), oom.Room())
+	assert.Contains(t, oom.Advice, "too little free memory")
+	assert.NotContains(t, oom.Error(), "largest free block", "a Wake needs no block")
+	mustCheck(t, a, e)
+	require.NoError(t, a.Free(g))
+	require.NoError(t, roll.Wake())
+	require.NoError(t, a.Free(w))
+}
