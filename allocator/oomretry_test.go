@@ -3,6 +3,7 @@ package allocator
 import (
 	"testing"
 
+	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"github.com/vmmalloc/vmmalloc/backend"
 	"github.com/vmmalloc/vmmalloc/backend/emulated"
@@ -288,4 +289,37 @@ func TestOOMLadderWaitsForGrowthInFlight(t *testing.T) {
 			drainAll(t, a, drv, nil)
 		})
 	}
+}
+
+// TestOOMLadderLastLookIsBounded: memory that a release would return but
+// cannot (every synchronize of the stream caching it fails) keeps the
+// last look asking for rung 2 again; the ladder still ends, after
+// maxLadderTries climbs, and the retry fails as the first Malloc did.
+func TestOOMLadderLastLookIsBounded(t *testing.T) {
+	a, e := newAlloc(t, oomModes[0].conf, emulated.WithCapacity(64*mib))
+	s, err := e.StreamCreate(0)
+	require.NoError(t, err)
+	p, err := a.Malloc(16*mib, s)
+	require.NoError(t, err)
+	require.NoError(t, a.Free(p))
+	require.NoError(t, e.Hold(s))
+	require.NoError(t, e.Launch(s, 0, 0)) // busy: no growth adopts its memory
+	fill, err := a.Malloc(48*mib, 0)
+	require.NoError(t, err)
+	require.NoError(t, e.FailRandom(backend.OpStreamSync, 1, 1, backend.ErrUnavailable))
+
+	before := a.Stats().NumAllocRetries
+	_, err = a.Malloc(12*mib, 0)
+	require.ErrorIs(t, err, ErrOutOfMemory)
+	assert.Equal(t, int64(maxLadderTries), a.Stats().NumAllocRetries-before, "rung 2 climbed once per growth tried")
+	requireRetryConsistent(t, a, growResult{err: err}, 12*mib, 0)
+
+	require.NoError(t, e.FailRandom(backend.OpStreamSync, 0, 0, backend.ErrUnavailable))
+	q, err := a.Malloc(12*mib, 0)
+	require.NoError(t, err, "once the stream can be synchronised, its memory serves the request")
+	require.NoError(t, a.Free(q))
+	require.NoError(t, a.Free(fill))
+	require.NoError(t, a.ReleaseStream(s))
+	require.NoError(t, e.StreamDestroy(s))
+	mustCheck(t, a, e)
 }
