@@ -36,11 +36,13 @@ var (
 // first case, and Advice names what would help. The message is one line,
 // PyTorch's OutOfMemoryError message with these figures added.
 //
-// The ladder has nothing left to try when it returns one: no growth,
-// release or collection that could give memory back is in flight, no
-// block waits for stream events, and no free memory is cached that a
-// release could return, so an immediate retry with nothing changed
-// fails too (pytorch/pytorch#189504 is the opposite).
+// Before it returns one the ladder takes a last look: it waits for the
+// growths, releases and collections of other goroutines in flight, and
+// climbs again while a block waits for stream events or free memory is
+// cached that a release could return. So an immediate retry with nothing
+// changed fails too (pytorch/pytorch#189504 is the opposite), unless
+// other goroutines kept freeing and allocating through all of its
+// bounded tries.
 type OutOfMemoryError struct {
 	Device    int
 	Requested uint64 // nbytes asked for
@@ -62,9 +64,9 @@ type OutOfMemoryError struct {
 	// Unusable is the free nbytes cached in the request's pool on its
 	// stream (both size classes) after the ladder released what it
 	// could: free memory no request of this size can use, in blocks
-	// smaller than Rounded, of the other size class, or inside physical
-	// handles (classic segments) that still hold allocated bytes. 0 for
-	// a Wake.
+	// smaller than Rounded or of the other size class, stranded inside
+	// physical handles or classic segments that still hold allocated
+	// bytes. 0 for a Wake.
 	Unusable uint64
 	// OtherStreamsFree is the free nbytes cached in the request's pool by
 	// other streams (and by streams released with memory still in use),
