@@ -36,6 +36,7 @@ func BenchmarkMultiStreamWorkload(b *testing.B) {
 			steps := float64(workload.DefaultMultiStreamConfig().Steps)
 			b.ReportMetric(float64(r.PeakReserved)/float64(r.PeakLive), "reserved/live")
 			b.ReportMetric(float64(r.DriverCallsTotal)/steps, "driver-calls/step")
+			b.ReportMetric(float64(r.SimDriverTime.Microseconds())/steps, "sim-driver-µs/step")
 			// From Mark 1 to the end: every step but the first.
 			b.ReportMetric(float64(r.SteadyDriverCalls)/(steps-1), "warm-driver-calls/step")
 			b.ReportMetric(float64(len(events))*float64(b.N)/b.Elapsed().Seconds(), "events/s")

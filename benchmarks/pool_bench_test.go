@@ -101,7 +101,7 @@ func BenchmarkMultiTenantPools(b *testing.B) {
 		}
 		return n
 	}
-	before := calls()
+	before, sim0 := calls(), e.SimulatedTime()
 	b.ReportAllocs()
 	b.ResetTimer()
 	for i := 0; i < b.N; i++ {
@@ -117,5 +117,6 @@ func BenchmarkMultiTenantPools(b *testing.B) {
 	b.ReportMetric(float64(pt+ps)/(1<<20), "sum-of-pool-peaks-MiB")
 	b.ReportMetric(float64(max(pt, ps))/(1<<20), "max-pool-peak-MiB")
 	b.ReportMetric(float64(after-before)/float64(2*b.N), "driver-calls/phase")
+	b.ReportMetric(float64((e.SimulatedTime()-sim0).Microseconds())/float64(2*b.N), "sim-driver-µs/phase")
 	require.NoError(b, a.Check())
 }
