@@ -49,7 +49,7 @@ func BenchmarkMallocFree(b *testing.B) {
 			}
 			b.StopTimer()
 			after := e.CallCounts()
-			b.ReportMetric(float64((e.SimulatedTime() - sim0).Nanoseconds())/float64(b.N), "sim-driver-ns/op")
+			b.ReportMetric(float64((e.SimulatedTime()-sim0).Nanoseconds())/float64(b.N), "sim-driver-ns/op")
 			var n int64
 			for op := range after {
 				n += after[op] - calls[op]
