@@ -55,8 +55,8 @@ func TestMultiStreamWorkloadTargets(t *testing.T) {
 	for _, mode := range multiStreamModes {
 		r := replaySteps(t, events, mode.conf, 1)
 		ratios[mode.name] = float64(r.PeakReserved) / float64(r.PeakLive)
-		t.Logf("%-22s reserved/live %.4f, %d driver calls (%d after the first step)",
-			mode.name, ratios[mode.name], r.DriverCallsTotal, r.SteadyDriverCalls)
+		t.Logf("%-22s reserved/live %.4f, %d driver calls (%d after the first step), %v simulated driver time",
+			mode.name, ratios[mode.name], r.DriverCallsTotal, r.SteadyDriverCalls, r.SimDriverTime)
 	}
 	assert.LessOrEqual(t, ratios["expandable"], 1.10)
 	assert.Greater(t, ratios["expandable-per-stream"], 2.0)
