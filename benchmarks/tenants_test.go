@@ -39,7 +39,9 @@ type tenantRound struct {
 
 // runTenants runs warm rounds of the alternation (after one warm-up round)
 // on a fresh device with config conf and returns the mean cost per round.
-func runTenants(tb testing.TB, conf string, rounds int) tenantRound {
+// With ownStreams each tenant allocates on a stream of its own, else both
+// on the default stream.
+func runTenants(tb testing.TB, conf string, rounds int, ownStreams bool) tenantRound {
 	tb.Helper()
 	e, err := emulated.New(emulated.WithCapacity(tenantDevice))
 	require.NoError(tb, err)
@@ -52,13 +54,21 @@ func runTenants(tb testing.TB, conf string, rounds int) tenantRound {
 	require.NoError(tb, err)
 	pb, err := a.NewPool(allocator.PoolOptions{Name: "tenant-b"})
 	require.NoError(tb, err)
+	streams := map[*allocator.Pool]backend.Stream{}
+	if ownStreams {
+		for _, p := range []*allocator.Pool{pa, pb} {
+			s, err := e.StreamCreate(0)
+			require.NoError(tb, err)
+			streams[p] = s
+		}
+	}
 	var ptrs []uintptr
 	turn := func(p *allocator.Pool, total uint64) {
 		ptrs = ptrs[:0]
 		var got uint64
 		for i := 0; got < total; i++ {
 			size := min(tenantSizes[i%len(tenantSizes)]<<20, total-got)
-			ptr, err := p.Malloc(size, 0)
+			ptr, err := p.Malloc(size, streams[p])
 			require.NoError(tb, err, "turn of %s at %d of %d bytes", p.Name(), got, total)
 			ptrs = append(ptrs, ptr)
 			got += size
@@ -99,12 +109,18 @@ func runTenants(tb testing.TB, conf string, rounds int) tenantRound {
 // by the out-of-memory ladder) and 1.145 s of simulated driver time under
 // the a100 profile.
 func TestTwoTenantAlternation(t *testing.T) {
-	r := runTenants(t, "", 3)
-	assert.Equal(t, int64(4), r.calls)
-	assert.Equal(t, int64(2), r.byOp[backend.OpEventRecord])
-	assert.Equal(t, int64(2), r.byOp[backend.OpEventQuery])
-	assert.LessOrEqual(t, r.sim, 10*time.Microsecond)
-	assert.Equal(t, uint64(tenantA+2<<20-1)/(2<<20)*(2<<20), r.peakReserved, "the larger peak, in granules")
+	for _, own := range []bool{false, true} {
+		r := runTenants(t, "", 3, own)
+		assert.Equal(t, int64(4), r.calls, "own streams %v", own)
+		assert.Equal(t, int64(2), r.byOp[backend.OpEventRecord])
+		assert.Equal(t, int64(2), r.byOp[backend.OpEventQuery])
+		assert.LessOrEqual(t, r.sim, 10*time.Microsecond)
+		assert.Equal(t, uint64(tenantA+2<<20-1)/(2<<20)*(2<<20), r.peakReserved, "the larger peak, in granules")
+		logTenants(t, r)
+	}
+}
+
+func logTenants(t *testing.T, r tenantRound) {
 	t.Logf("per round: %d driver calls (create %d, map %d, set-access %d, unmap %d, free %d), %v simulated; peak reserved %d MiB",
 		r.calls, r.byOp[backend.OpCreate], r.byOp[backend.OpMap], r.byOp[backend.OpSetAccess], r.byOp[backend.OpUnmap], r.byOp[backend.OpFree],
 		r.sim, r.peakReserved>>20)
@@ -115,7 +131,7 @@ func TestTwoTenantAlternation(t *testing.T) {
 func BenchmarkTwoTenantAlternation(b *testing.B) {
 	var r tenantRound
 	for b.Loop() {
-		r = runTenants(b, "", 3)
+		r = runTenants(b, "", 3, false)
 	}
 	b.ReportMetric(float64(r.calls), "driver-calls/round")
 	b.ReportMetric(float64(r.sim.Microseconds())/1e3, "sim-driver-ms/round")
