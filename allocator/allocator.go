@@ -20,6 +20,7 @@ import (
 type Allocator struct {
 	drv     backend.Driver
 	cfg     Config
+	reserve handleReserve // created handles kept ready (reserve.go)
 	dev     int
 	total   uint64 // device capacity, nbytes
 	gran    uint64 // driver MINIMUM granularity: the unit of mapping, nbytes
@@ -338,6 +339,7 @@ func New(drv backend.Driver, cfg Config) (*Allocator, error) {
 		return nil, errors.Join(err, drv.StreamDestroy(s))
 	}
 	a.streams[s] = ss
+	a.startReserve()
 	return a, nil
 }
 
@@ -1021,6 +1023,8 @@ func (a *Allocator) statsLocked() stats.DeviceStats {
 	s.OwnedBytes = int64(a.owned.bytes.Load())
 	s.OwnedReclaimedBytes = int64(a.owned.cleaned.Load() - a.owned.cleanedBase.Load())
 	s.AsleepBytes, s.HostBackupBytes = a.sleepTotals(nil)
+	s.CachedHandleBytes = int64(a.cachedHandleBytes())
+	s.ReserveHandlesCreated, s.ReserveFailures = a.reserve.created, a.reserve.failed
 	return s
 }
 
@@ -1048,6 +1052,7 @@ func (a *Allocator) ResetAccumulatedStats() {
 		}
 	}
 	a.counters = segment.Counters{}
+	a.reserve.created, a.reserve.failed = 0, 0
 	a.owned.cleanedBase.Store(a.owned.cleaned.Load())
 }
 
@@ -1107,6 +1112,7 @@ func (a *Allocator) SetMemoryFraction(fraction float64) error {
 // their memory regardless: closing the allocator vouches that the device's
 // work on its memory is done.
 func (a *Allocator) Close() error {
+	a.stopReserve() // before mu: the refill takes it
 	a.mu.Lock()
 	defer a.unlock()
 	a.quiesceWaits()

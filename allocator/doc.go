@@ -77,6 +77,10 @@
 // non-blocking event query says so) change hands where they are mapped, or
 // are unmapped and remapped where the heap grows (reclaim.go), so many
 // streams reserve about the peak of their sum, not the sum of their peaks.
+// Under pressure a pool's growth also adopts other pools' idle free
+// handles where they are mapped (whole handles, their reserved bytes
+// moving with them; pool.go says which pools lend), so tenants whose
+// peaks do not fit together hand memory over with no driver call.
 // Unmapping for that, or for the stream's own holes (defragmentation),
 // happens only when the growth would take the pool's mapped bytes past
 // (1 + defrag_threshold) × its high water mark of allocated bytes plus a

@@ -505,14 +505,18 @@ func (a *Allocator) mapGrowth(sg *seg, p *Pool, off, n uint64, fine bool) error 
 		op  *segment.MapOp
 		err error
 	)
+	piece := sg.class.pageSize // the size of the growth's full pieces, for the reserve
 	if cl := sg.class; p.align != 0 {
 		// Handles of whole alignment units from an aligned start.
+		piece = 0
 		op, err = sg.s.BeginMapLarge(off, n, roundUp(max(cl.handleSize, cl.pageSize), p.align))
 	} else if fine && a.gran < cl.pageSize {
 		// Near the memory limit: granule handles, every free one of which
 		// a later defragmentation or the out-of-memory ladder can unmap.
+		piece = a.gran
 		op, err = sg.s.BeginMapLarge(off, n, a.gran)
 	} else if cl.handleSize > cl.pageSize && n >= cl.handleSize {
+		piece = cl.handleSize
 		op, err = sg.s.BeginMapLarge(off, n, cl.handleSize)
 	} else {
 		op, err = sg.s.BeginMap(off, n)
@@ -549,6 +553,9 @@ func (a *Allocator) mapGrowth(sg *seg, p *Pool, off, n uint64, fine bool) error 
 	}
 	a.grown.Broadcast()
 	if err := sg.s.EndMap(op); err != nil || hookErr == nil {
+		if err == nil && n >= piece {
+			a.kickReserve(sg.class, piece) // restock what the growth took, off its path
+		}
 		return err
 	}
 	// Refused by a hook: roll the mapped range back as a failed map

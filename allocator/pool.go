@@ -44,9 +44,16 @@ import (
 // vanishing and Close reach every pool's memory of s.
 //
 // Growth maps only into unmapped address space (shared) and into free
-// blocks of the growing owner; reclaim and adoption (reclaim.go) move
-// handles only between owners of one pool, so a pool's mapped memory is
-// never handed to another pool. The out-of-memory ladder's rung 2 unmaps
+// blocks of the growing owner; reclaim (reclaim.go) moves handles only
+// between owners of one pool. Adoption does too, but under pressure
+// (pressure.go) a pool's growth also adopts other pools' idle free
+// handles where they are mapped (crossPoolAdoption): whole handles, so a
+// handle still holds blocks of one pool, their reserved bytes moving with
+// them, within the taker's limit, never from a pool asleep, aligned or
+// isolated, and not while segment hooks or exports watch the ranges. Free
+// memory of one pool thus serves another pool's next peak with no driver
+// call, where the ladder would unmap it and the growth map it again in
+// granules. The out-of-memory ladder's rung 2 unmaps
 // the free handles of every pool before it declares out of memory, so no
 // pool starves for memory another pool only caches; a pool's own memory
 // limit is enforced at growth, and a Malloc stopped by it releases only

@@ -155,7 +155,7 @@ func warmReplay(b *testing.B, pass func(*allocator.Allocator) int) {
 		}
 		return n
 	}
-	before := driverCalls()
+	before, sim0 := driverCalls(), e.SimulatedTime()
 	calls := 0
 	b.ResetTimer()
 	for i := 0; i < b.N; i++ {
@@ -164,4 +164,5 @@ func warmReplay(b *testing.B, pass func(*allocator.Allocator) int) {
 	b.StopTimer()
 	b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(calls), "ns/call")
 	b.ReportMetric(float64(driverCalls()-before)/float64(b.N), "driver-calls/op")
+	b.ReportMetric(float64((e.SimulatedTime()-sim0).Nanoseconds())/float64(b.N), "sim-driver-ns/op")
 }

@@ -12,6 +12,7 @@ import (
 	"github.com/dustin/go-humanize"
 	"github.com/vmmalloc/vmmalloc/allocator"
 	"github.com/vmmalloc/vmmalloc/backend/drivers"
+	"github.com/vmmalloc/vmmalloc/backend/emulated"
 	"github.com/vmmalloc/vmmalloc/benchmarks/replay"
 	"github.com/vmmalloc/vmmalloc/benchmarks/trace"
 	"github.com/vmmalloc/vmmalloc/benchmarks/workload"
@@ -36,6 +37,24 @@ type replayFlags struct {
 	backend  string
 	snapshot string // PyTorch memory snapshot output file
 	entries  int    // history entries the snapshot keeps
+	cost     string // cost profile name or file
+}
+
+// costProfileChoices lists the built-in cost profiles for flag help.
+var costProfileChoices = strings.Join(emulated.CostProfileNames(), ", ")
+
+// setCostProfile sets opts' cost model to the built-in profile or the
+// profile file nameOrPath.
+func setCostProfile(opts *replay.Options, nameOrPath string) error {
+	p, err := emulated.LoadCostProfile(nameOrPath)
+	if err != nil {
+		return usagef("--cost-profile: %v", err)
+	}
+	opts.CostModel, opts.CostProfile = &p.Model, p.Name
+	if opts.CostProfile == "" {
+		opts.CostProfile = nameOrPath
+	}
+	return nil
 }
 
 // jsonReport is the --json output: the report's fields at the top level,
@@ -82,6 +101,7 @@ func cmdReplay(args []string, stdout, stderr io.Writer) error {
 	fs.StringVar(&f.backend, "backend", "", "`driver` to replay on: "+backendChoices+" (default: the config's backend key, else emulated)")
 	fs.StringVar(&f.snapshot, "snapshot", "", "write a PyTorch memory snapshot of the replay (for pytorch.org/memory_viz) to `file`; a .html file opens the viewer")
 	fs.IntVar(&f.entries, "snapshot-entries", replay.DefaultSnapshotEntries, "newest history entries the --snapshot keeps")
+	fs.StringVar(&f.cost, "cost-profile", emulated.DefaultCostProfile, "driver cost profile of the simulated driver time: "+costProfileChoices+", or a profile `file` (backend/cuda/gpucheck.sh --profile writes one)")
 	pos, err := parseArgs(fs, args)
 	if err != nil {
 		return err
@@ -111,6 +131,9 @@ func cmdReplay(args []string, stdout, stderr io.Writer) error {
 		return err
 	}
 	opts := replay.Options{Name: policyLabel(given, cfg), Config: cfg, Check: f.check, IgnoreReleases: !f.releases}
+	if err := setCostProfile(&opts, f.cost); err != nil {
+		return err
+	}
 	if f.capacity != "" {
 		c, err := humanize.ParseBytes(f.capacity)
 		if err != nil || c == 0 {
