@@ -10,6 +10,7 @@ import (
 	"github.com/vmmalloc/vmmalloc/arena"
 	"github.com/vmmalloc/vmmalloc/backend"
 	"github.com/vmmalloc/vmmalloc/segment"
+	"github.com/vmmalloc/vmmalloc/stats"
 )
 
 // Sleep and wake of a pool (vLLM's sleep mode, torch_memory_saver's
@@ -20,7 +21,9 @@ import (
 //	           Sleep                         (asleep: Malloc → ErrPoolAsleep,
 //	awake ───────────────▶ sleeping ───────▶ asleep  RecordStream refused,
 //	  ▲   wait for the pool's   back up, unmap,  │     Free works and drops
-//	  │   streams               free handles     │     the block's backup)
+//	  │   streams               free handles     │     the block's backup,
+//	  │                                          │     Close works once
+//	  │                                          │     nothing is allocated)
 //	  │                                          │ Wake
 //	  └──────────────────── waking ◀─────────────┘
 //	      restore backups,         create handles, map them at
@@ -247,14 +250,18 @@ func (p *Pool) notAwake() error {
 //
 // Until Wake: the pool's Malloc and RecordStream on its memory return
 // ErrPoolAsleep before they look at their other arguments (so with no
-// driver call); Free of its pointers works (and drops the backup); the
-// pointers must not be used by device work.
+// driver call); Free of its pointers works, and the Free of the last
+// block a backup holds gives the backup's host memory back at once
+// (TestSleepFreeReleasesBackup); the pointers must not be used by device
+// work. Close of an asleep pool with nothing allocated needs no Wake.
 //
-// Wake maps back every handle Sleep unmapped, free cache included, so a
-// pool that sleeps between steps of the same shape wakes with no growth to
-// do. To give the free cache back for good instead, call EmptyCache
-// before Sleep: Wake then maps only the handles that hold allocations
-// (TestEmptyCacheBeforeSleep).
+// Wake maps back every handle Sleep unmapped, free cache included where
+// the device has room, so a pool that sleeps between steps of the same
+// shape wakes with no growth to do. The free cache is optional: a device
+// without room for it still wakes the handles that hold allocations
+// (TestWakeFreeCacheOptional). To give the free cache back for good,
+// call EmptyCache before Sleep or while asleep: Wake then maps only the
+// handles that hold allocations (TestEmptyCacheBeforeSleep).
 //
 // On error the pool is awake as before, its memory mapped with its
 // contents, except where the error wraps segment.ErrHandleNotFreed: the
@@ -569,7 +576,12 @@ func (a *Allocator) spareBufs(sl *poolSleep, bufs []*hostBuf) {
 // it returns. Then every pointer of the pool works as before; discarded
 // contents are undefined.
 //
-// If the memory cannot be had, Wake returns an *OutOfMemoryError; on any
+// The handles that hold allocations come first: if the device has no
+// room for the free cache as well, the free cache is given up (as
+// EmptyCache would) and only they are mapped, before the out-of-memory
+// ladder takes other pools' free memory; a pool with nothing allocated
+// then maps nothing. If the memory cannot be had, Wake returns an
+// *OutOfMemoryError; on any
 // error the pool stays asleep with every backup intact and nothing
 // leaked, and Wake can be called again. Wake of an awake pool returns
 // ErrPoolAwake, during another Sleep or Wake ErrSleepInProgress.
@@ -607,12 +619,24 @@ func (p *Pool) Wake() error {
 func (a *Allocator) wake(p *Pool, sl *poolSleep) error {
 	total := sl.bytes[0] + sl.bytes[1]
 	if a.overCap(total) {
+		// The free cache is optional: give it up before other pools'.
+		_ = a.dropFreeRuns(p, sl)
+		total = sl.bytes[0] + sl.bytes[1]
+	}
+	if a.overCap(total) {
 		_ = errors.Join(a.trimCaches(), a.releaseAll())
 		if a.overCap(total) {
 			return a.wakeOOM(p, total, nil)
 		}
 	}
 	oom, err := a.wakeRuns(p, sl, total)
+	if oom && a.freeRuns(sl) > 0 {
+		// The handles that hold allocations first: the free cache is
+		// given up (as EmptyCache would), and the wake tried again.
+		_ = a.dropFreeRuns(p, sl)
+		total = sl.bytes[0] + sl.bytes[1]
+		oom, err = a.wakeRuns(p, sl, total)
+	}
 	if oom {
 		// The ladder: cached handles, then every awake pool's free
 		// memory (releaseAll skips pools that are not awake).
@@ -943,14 +967,17 @@ func (a *Allocator) freeSpares(sl *poolSleep) error {
 
 // dropBackup forgets the backup of the block at ptr of a sleeping pool,
 // which Free has just freed; once no block of its run is left, the run's
-// buffer goes to the spares (a copy may still be reading it) and Wake
-// restores nothing there. A run with blocks left is restored whole, the
-// freed block's bytes with it (they are undefined anyway). mu held.
-func (a *Allocator) dropBackup(p *Pool, ptr uintptr) {
+// buffer goes to the spares and Wake restores nothing there. A run with
+// blocks left is restored whole, the freed block's bytes with it (they
+// are undefined anyway). It reports whether the pool is Asleep with
+// spares to give back: Free then gives them back (freeSpares) before it
+// returns; while Waking a copy may still read the buffer, and the end of
+// the Wake gives it back. mu held.
+func (a *Allocator) dropBackup(p *Pool, ptr uintptr) bool {
 	sl := p.sleep
 	i, ok := sl.backupOf[ptr]
 	if !ok {
-		return
+		return false
 	}
 	delete(sl.backupOf, ptr)
 	r := &sl.backups[i]
@@ -958,6 +985,114 @@ func (a *Allocator) dropBackup(p *Pool, ptr uintptr) {
 		sl.spare = append(sl.spare, r.buf)
 		r.buf = nil
 	}
+	return sl.state == Asleep && len(sl.spare) > 0
+}
+
+// runHolds reports whether run r of an asleep pool holds a block that is
+// not free (allocated, or pending free): one Wake must map. mu held.
+func (a *Allocator) runHolds(r sleptRun) bool {
+	lo := r.sg.base + uintptr(r.off)
+	hi := lo + uintptr(r.size)
+	for id := a.heap.Find(lo); id != arena.NoBlock; id = a.heap.Next(id) {
+		b, _ := a.heap.Block(id)
+		if b.Addr >= hi {
+			break
+		}
+		if b.State != arena.Free {
+			return true
+		}
+	}
+	return false
+}
+
+// freeRuns counts the runs of sl that hold only free blocks (the free
+// cache Wake maps back when it can). mu held.
+func (a *Allocator) freeRuns(sl *poolSleep) int {
+	n := 0
+	for _, r := range sl.runs {
+		if !a.runHolds(r) {
+			n++
+		}
+	}
+	return n
+}
+
+// dropFreeRuns gives up the free cache of asleep pool p: every run that
+// holds only free blocks is forgotten, its address space made unmapped in
+// the heap as a release leaves it (its physical memory went at Sleep), a
+// handle kept for it (its free failed) freed. A run whose kept handle
+// cannot be freed stays, for Wake to map; the error says so. Wake then
+// maps only the handles that hold allocations. mu held.
+func (a *Allocator) dropFreeRuns(p *Pool, sl *poolSleep) error {
+	var errs []error
+	var touched []*seg
+	keep := sl.runs[:0]
+	for _, r := range sl.runs {
+		if a.runHolds(r) {
+			keep = append(keep, r)
+			continue
+		}
+		if r.held != 0 {
+			if err := a.drv.FreePhysical(r.held); err != nil {
+				errs = append(errs, fmt.Errorf("vmmalloc: pool %q: %w: handle at %#x kept for Wake: %w", p.name, segment.ErrHandleNotFreed, r.sg.base+uintptr(r.off), err))
+				keep = append(keep, r)
+				continue
+			}
+			a.counters.HandlesFreed++
+		}
+		lo := r.sg.base + uintptr(r.off)
+		hi := lo + uintptr(r.size)
+		for at := lo; at < hi; {
+			id := a.heap.Find(at)
+			b, _ := a.heap.Block(id)
+			if id == arena.NoBlock || b.State != arena.Free {
+				return errors.Join(append(errs, fmt.Errorf("%w: pool %q asleep: %#x in its free run is not a free block", ErrCorrupt, p.name, at))...)
+			}
+			end := min(b.End(), hi)
+			rel, err := a.heap.BeginRelease(id, uint64(at-b.Addr), uint64(end-at))
+			if err == nil {
+				_, err = a.heap.CommitRelease(rel, uint64(end-at))
+			}
+			if err != nil {
+				return errors.Join(append(errs, fmt.Errorf("%w: %w", ErrCorrupt, err))...)
+			}
+			at = end
+		}
+		sl.bytes[r.sg.class.idx] -= r.size
+		if !slices.Contains(touched, r.sg) {
+			touched = append(touched, r.sg)
+		}
+	}
+	clear(sl.runs[len(keep):])
+	sl.runs = keep
+	for _, sg := range touched {
+		a.maybeDropEmpty(sg)
+	}
+	return errors.Join(errs...)
+}
+
+// closeAsleep readies asleep pool p, with nothing allocated, for Close:
+// its free cache is given up (dropFreeRuns), and, nothing left to map, it
+// is awake without a driver call but the frees of what it kept. mu held.
+func (a *Allocator) closeAsleep(p *Pool) error {
+	sl := p.sleep
+	if sl.state != Asleep {
+		return fmt.Errorf("%w: pool %q is %s", ErrSleepInProgress, p.name, sl.state)
+	}
+	if n, bytes := p.st.ActiveNow(stats.AllPools); n > 0 {
+		return fmt.Errorf("%w: pool %q has %d allocations (%d bytes) not yet freed: free them, or wake it, before Close", p.notAwake(), p.name, n, bytes)
+	}
+	if err := a.dropFreeRuns(p, sl); err != nil {
+		return err
+	}
+	if len(sl.runs) > 0 { // cannot be: dropFreeRuns failed otherwise
+		return fmt.Errorf("%w: pool %q asleep with nothing allocated keeps %d runs", ErrCorrupt, p.name, len(sl.runs))
+	}
+	sl.state = Awake
+	p.asleep = false
+	a.setSleepOff()
+	a.countSlept(p, sl, +1)
+	return a.dropSleep(p)
 }
 
 // exportedIn reports whether a handle of pool p is exported. mu held.
