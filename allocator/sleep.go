@@ -118,7 +118,30 @@ const (
 	// at Wake (weights). vLLM's level 1 for offload_tags;
 	// torch_memory_saver's enable_cpu_backup=True.
 	Offload
+	// Memset drops the contents as Discard does, and Wake zero-fills the
+	// pool's memory (a Memset on the restore stream) before it returns:
+	// after Wake every byte of the pool reads 0. TensorRT-LLM's MEMSET
+	// restore mode; for a framework that relies on zeroed buffers (a
+	// paged KV cache's block table) across a sleep.
+	Memset
 )
+
+func (m SleepMode) String() string {
+	switch m {
+	case Discard:
+		return "discard"
+	case Offload:
+		return "offload"
+	case Memset:
+		return "memset"
+	}
+	return fmt.Sprintf("SleepMode(%d)", int(m))
+}
+
+// PoisonByte is the byte SleepOptions.Poison fills discarded memory with
+// at Wake: a float32 or bfloat16 of 0xFF bytes is a NaN, an integer -1,
+// so a framework that reads memory it discarded finds out.
+const PoisonByte = 0xFF
 
 // HostAllocator is the pinned host memory backups are made in: a
 // *host.Allocator (package allocator/host) satisfies it. Its Malloc must
@@ -145,6 +168,12 @@ type SleepOptions struct {
 	// Stream is the stream the copies are made on (0: the default
 	// stream). The pool's own streams are synchronized first either way.
 	Stream backend.Stream
+	// Poison (a debug option) makes Wake fill the memory whose contents
+	// the sleep discarded with PoisonByte before it returns: in Discard,
+	// the pool's whole memory; in Offload, all but the restored backups
+	// (the free cache, the bytes past each block's requested size, the
+	// blocks freed while asleep). Not with Memset, which zero-fills.
+	Poison bool
 }
 
 var (
@@ -292,25 +321,28 @@ func (p *Pool) Sleep(o SleepOptions) error {
 	if !p.expandable {
 		return fmt.Errorf("%w: pool %q: sleep needs expandable segments", ErrInvalidPool, p.name)
 	}
-	if o.Mode != Discard && o.Mode != Offload {
+	if o.Mode != Discard && o.Mode != Offload && o.Mode != Memset {
 		return fmt.Errorf("%w: SleepOptions.Mode: %d", ErrInvalidConfig, o.Mode)
+	}
+	if o.Poison && o.Mode == Memset {
+		return fmt.Errorf("%w: SleepOptions.Poison with Memset: the memory is zero-filled", ErrInvalidConfig)
 	}
 	if o.Host != nil && !reflect.TypeOf(o.Host).Comparable() {
 		// Buffers are matched to their allocator by ==.
 		return fmt.Errorf("%w: SleepOptions.Host: %T is not comparable (use a pointer)", ErrInvalidConfig, o.Host)
 	}
 	var c backend.Copier
-	if o.Mode == Offload {
+	if o.Mode != Discard || o.Poison {
 		var ok bool
 		if c, ok = a.drv.(backend.Copier); !ok {
-			return fmt.Errorf("%w: the %s driver cannot copy (backend.Copier), so it cannot offload: %w", ErrInvalidConfig, a.drv.Name(), backend.ErrNotSupported)
+			return fmt.Errorf("%w: the %s driver cannot copy or set memory (backend.Copier), so it cannot %s: %w", ErrInvalidConfig, a.drv.Name(), o.Mode, backend.ErrNotSupported)
 		}
 	}
 	s := o.Stream
 	if s == 0 {
 		s = a.defaultS
 	}
-	if o.Mode == Offload {
+	if c != nil {
 		if _, err := a.stream(s); err != nil {
 			return err
 		}
@@ -706,6 +738,7 @@ func (a *Allocator) wakeRuns(p *Pool, sl *poolSleep, total uint64) (oom bool, er
 	runs := slices.Clone(sl.runs) // read without mu
 	fresh := make([]backend.Handle, n)
 	c, _ := a.drv.(backend.Copier)
+	opts := sl.opts
 	s := sl.opts.Stream
 	if s == 0 {
 		s = a.defaultS
@@ -747,6 +780,16 @@ func (a *Allocator) wakeRuns(p *Pool, sl *poolSleep, total uint64) (oom bool, er
 				}
 				if merr := m.Run(h); merr != nil {
 					return nil, merr
+				}
+			}
+			if fill, ok := wakeFill(opts); ok {
+				// Before the restores, on their stream: what is not
+				// restored reads fill.
+				for _, r := range runs {
+					va := r.sg.base + uintptr(r.off)
+					if merr := c.Memset(va, fill, r.size, s); merr != nil {
+						return nil, fmt.Errorf("fill [%#x, +%#x) with %#x: %w", va, r.size, fill, merr)
+					}
 				}
 			}
 			for _, t := range todo {
@@ -809,6 +852,19 @@ func (a *Allocator) wakeRuns(p *Pool, sl *poolSleep, total uint64) (oom bool, er
 		return oom, err
 	}
 	return false, nil
+}
+
+// wakeFill is the byte Wake fills a pool slept with o with before it
+// restores the backups: 0 for Memset, PoisonByte for Poison; ok is false
+// when nothing is filled.
+func wakeFill(o SleepOptions) (fill byte, ok bool) {
+	switch {
+	case o.Mode == Memset:
+		return 0, true
+	case o.Poison:
+		return PoisonByte, true
+	}
+	return 0, false
 }
 
 // wakeRanges are the ranges Wake reports Mapped: pool p's memory as
