@@ -163,7 +163,10 @@ type SleepOptions struct {
 	// Sleep to copy into without allocating (torch_memory_saver's
 	// retained backups: fast re-sleep, at the cost of host memory the
 	// size of the backups while awake). false gives them back at Wake.
-	// Buffers kept and not used by a Sleep are given back at its end.
+	// A kept buffer is used by a backup of exactly its size (the same
+	// tensors slept again); buffers kept and not used by a Sleep are
+	// given back at its end, so the host memory kept is never more than
+	// the last sleep's backups.
 	KeepHostBuffers bool
 	// Stream is the stream the copies are made on (0: the default
 	// stream). The pool's own streams are synchronized first either way.
@@ -963,21 +966,21 @@ func (a *Allocator) countSlept(p *Pool, sl *poolSleep, sign int64) {
 	}
 }
 
-// takeSpare takes the smallest spare buffer of host of at least n bytes,
-// or returns nil. mu held.
+// takeSpare takes a spare buffer of host of exactly the size a backup of
+// n bytes is made in (newHostBuf's), or returns nil. Exactly: a larger
+// buffer taken for a smaller backup would stay larger than what it holds
+// across every later sleep, and the host memory kept would ratchet up to
+// the largest backup ever made (TestSleepWakeEndurance); the same tensors
+// slept again, the case KeepHostBuffers is for, find theirs. mu held.
 func (sl *poolSleep) takeSpare(n uint64, host HostAllocator) *hostBuf {
-	best := -1
+	size := max(n, 1)
 	for i, b := range sl.spare {
-		if b.host == host && b.size >= n && (best < 0 || b.size < sl.spare[best].size) {
-			best = i
+		if b.host == host && b.size == size {
+			sl.spare = slices.Delete(sl.spare, i, i+1)
+			return b
 		}
 	}
-	if best < 0 {
-		return nil
-	}
-	b := sl.spare[best]
-	sl.spare = slices.Delete(sl.spare, best, best+1)
-	return b
+	return nil
 }
 
 // newHostBuf allocates a buffer of n bytes (at least 1) from host, or in
