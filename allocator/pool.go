@@ -492,7 +492,9 @@ func (a *Allocator) Pools() []*Pool {
 // inside a pool, which PyTorch makes a no-op, pytorch#158152): it waits for
 // pending stream events, unmaps the pool's free handles, frees its free
 // classic segments and the cached physical handles. Other pools' memory is
-// untouched.
+// untouched. Of an asleep pool, whose free memory is unmapped already, it
+// gives up the free cache Wake would map back: Wake maps only what holds
+// allocations.
 func (p *Pool) EmptyCache() error {
 	a := p.a
 	a.mu.Lock()

@@ -49,9 +49,12 @@ import (
 // Wake unmap whole handles as before; the backups of its allocated blocks
 // (Offload), keyed by address. Its reserved bytes drop by what it
 // unmapped (Stats: AsleepBytes), so the memory fraction cap and every
-// other pool see the memory free at once. Releases (EmptyCache, the
-// out-of-memory ladder, Synchronize, ReleaseStream, reclaim) skip a pool
-// that is not awake (releasable, releaseBlock).
+// other pool see the memory free at once. Releases (Allocator.EmptyCache,
+// the out-of-memory ladder, Synchronize, ReleaseStream, reclaim) skip a
+// pool that is not awake (releasable, releaseBlock); the pool's own
+// EmptyCache, Wake without room for it and Close forget its free cache
+// (dropFreeRuns: runs holding only free blocks become unmapped address
+// space in the heap, no driver call but the free of a kept handle).
 //
 // Locking: Sleep and Wake make their driver calls with Allocator.mu
 // dropped (waitUnlocked), as a growth does (mapGrowth): Sleep's stream
