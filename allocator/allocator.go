@@ -846,7 +846,11 @@ func (a *Allocator) freeSlow(ptr uintptr) error {
 	if p := owner.pool; p.asleep && a.dropBackup(p, ptr) {
 		// The backup's pinned memory goes with its last block, once the
 		// free is done (freeSpares drops mu).
-		defer func() { _ = a.freeSpares(p.sleep) }()
+		defer func() {
+			if sl := p.sleep; sl != nil {
+				_ = a.freeSpares(sl)
+			}
+		}()
 	}
 	owner.frees++
 	cl := &a.classes[pk.Pool]
