@@ -125,7 +125,10 @@ const (
 	// pool's memory (a Memset on the restore stream) before it returns:
 	// after Wake every byte of the pool reads 0. TensorRT-LLM's MEMSET
 	// restore mode; for a framework that relies on zeroed buffers (a
-	// paged KV cache's block table) across a sleep.
+	// paged KV cache's block table) across a sleep. The fill is the
+	// driver's (backend.Copier's Memset): a Wake whose fill fails leaves
+	// the pool asleep and returns the driver's error, as a failed restore
+	// does.
 	Memset
 )
 
