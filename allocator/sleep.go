@@ -298,8 +298,9 @@ func (p *Pool) notAwake() error {
 // shape wakes with no growth to do. The free cache is optional: a device
 // without room for it still wakes the handles that hold allocations
 // (TestWakeFreeCacheOptional). To give the free cache back for good,
-// call EmptyCache before Sleep or while asleep: Wake then maps only the
-// handles that hold allocations (TestEmptyCacheBeforeSleep).
+// call EmptyCache before Sleep, or the pool's EmptyCache while it is
+// asleep (Allocator.EmptyCache skips an asleep pool): Wake then maps only
+// the handles that hold allocations (TestEmptyCacheBeforeSleep).
 //
 // On error the pool is awake as before, its memory mapped with its
 // contents, except where the error wraps segment.ErrHandleNotFreed: the
