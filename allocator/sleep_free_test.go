@@ -131,3 +131,40 @@ func TestWakeFreeCacheOptional(t *testing.T) {
 		})
 	}
 }
+
+// TestEmptyCacheWhileAsleep: the pool's EmptyCache while it is asleep
+// gives up its free cache (Wake maps only what holds allocations, with
+// their contents); Allocator.EmptyCache leaves an asleep pool as it is.
+func TestEmptyCacheWhileAsleep(t *testing.T) {
+	const mib = 1 << 20
+	a, e := newAlloc(t, "", emulated.WithRealMemory(), emulated.WithCapacity(256*mib))
+	s := a.DefaultStream()
+	p, err := a.NewPool(PoolOptions{Name: "rollout"})
+	require.NoError(t, err)
+	w, err := p.Malloc(20*mib, 0)
+	require.NoError(t, err)
+	weights := []patterned{fill(t, e, s, w, 20*mib, 3)}
+	kv, err := p.Malloc(100*mib, 0)
+	require.NoError(t, err)
+	require.NoError(t, a.Free(kv))
+	reserved := p.MemoryReserved()
+	require.GreaterOrEqual(t, reserved, uint64(120*mib))
+	opts := SleepOptions{Mode: Offload, Host: newPinnedHost(e)}
+
+	require.NoError(t, p.Sleep(opts))
+	require.NoError(t, a.EmptyCache())
+	require.NoError(t, p.Wake())
+	assert.Equal(t, reserved, p.MemoryReserved(), "Allocator.EmptyCache skips an asleep pool")
+	verify(t, e, s, weights)
+
+	require.NoError(t, p.Sleep(opts))
+	asleep := p.Stats().AsleepBytes
+	require.NoError(t, p.EmptyCache())
+	assert.Less(t, p.Stats().AsleepBytes, asleep, "the free cache is given up")
+	mustCheck(t, a, e)
+	require.NoError(t, p.Wake())
+	assert.Less(t, p.MemoryReserved(), uint64(30*mib), "Wake maps only what holds allocations")
+	verify(t, e, s, weights)
+	mustCheck(t, a, e)
+	require.NoError(t, a.Free(w))
+}
