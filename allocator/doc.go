@@ -154,10 +154,11 @@
 // ReleaseStream, reclaim) skips it; its own EmptyCache gives up its free
 // cache, which Wake then does not map back. Its reserved bytes leave
 // ReservedBytes for AsleepBytes, so the memory fraction cap and the other
-// pools see the memory free at once. Wake maps what holds allocations
-// first: the free cache is optional, given up if the device has no room
-// for it, and only then does the out-of-memory ladder take back other
-// pools' free cache before Wake returns *OutOfMemoryError. The modes are
+// pools see the memory free at once. Wake's out-of-memory ladder takes
+// back other pools' free cache; the pool's own free cache is optional,
+// given up if the device still has no room for it, so that what holds
+// allocations wakes; only if that does not fit either does Wake return
+// *OutOfMemoryError. The modes are
 // Discard, Offload (host backups of the allocated bytes) and Memset (zero
 // at Wake); SleepOptions.Poison fills what was discarded with PoisonByte
 // at Wake. Check verifies the sleep records (checkSleeps).

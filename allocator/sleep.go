@@ -618,11 +618,11 @@ func (a *Allocator) spareBufs(sl *poolSleep, bufs []*hostBuf) {
 // it returns. Then every pointer of the pool works as before; discarded
 // contents are undefined.
 //
-// The handles that hold allocations come first: if the device has no
-// room for the free cache as well, the free cache is given up (as
-// EmptyCache would) and only they are mapped, before the out-of-memory
-// ladder takes other pools' free memory; a pool with nothing allocated
-// then maps nothing. If the memory cannot be had, Wake returns an
+// The free cache is optional: if the device has no room for the whole
+// pool even after the out-of-memory ladder took back other pools' free
+// memory, the free cache is given up (as the pool's EmptyCache would)
+// and only the handles that hold allocations are mapped; a pool with
+// nothing allocated then maps nothing. If the memory cannot be had, Wake returns an
 // *OutOfMemoryError; on any
 // error the pool stays asleep with every backup intact and nothing
 // leaked, and Wake can be called again. Wake of an awake pool returns
@@ -660,35 +660,43 @@ func (p *Pool) Wake() error {
 // held (dropped in windows).
 func (a *Allocator) wake(p *Pool, sl *poolSleep) error {
 	total := sl.bytes[0] + sl.bytes[1]
-	if a.overCap(total) {
-		// The free cache is optional: give it up before other pools'.
-		_ = a.dropFreeRuns(p, sl)
-		total = sl.bytes[0] + sl.bytes[1]
-	}
-	if a.overCap(total) {
-		_ = errors.Join(a.trimCaches(), a.releaseAll())
-		if a.overCap(total) {
-			return a.wakeOOM(p, total, nil)
-		}
-	}
-	oom, err := a.wakeRuns(p, sl, total)
-	if oom && a.freeRuns(sl) > 0 {
-		// The handles that hold allocations first: the free cache is
-		// given up (as EmptyCache would), and the wake tried again.
-		_ = a.dropFreeRuns(p, sl)
-		total = sl.bytes[0] + sl.bytes[1]
-		oom, err = a.wakeRuns(p, sl, total)
-	}
-	if oom {
+	ladder := func() {
 		// The ladder: cached handles, then every awake pool's free
 		// memory (releaseAll skips pools that are not awake).
 		for _, st := range a.statsOf(p) {
 			st.NumAllocRetries++
 		}
 		_ = errors.Join(a.trimCaches(), a.releaseAll())
-		if oom, err = a.wakeRuns(p, sl, total); oom {
-			return a.wakeOOM(p, total, err)
+	}
+	// dropCache gives the free cache up (as the pool's EmptyCache
+	// would): what is left holds allocations. It reports whether there
+	// was any to give up.
+	dropCache := func() bool {
+		if a.freeRuns(sl) == 0 {
+			return false
 		}
+		_ = a.dropFreeRuns(p, sl)
+		total = sl.bytes[0] + sl.bytes[1]
+		return true
+	}
+	if a.overCap(total) {
+		ladder()
+		if a.overCap(total) && (!dropCache() || a.overCap(total)) {
+			return a.wakeOOM(p, total, nil)
+		}
+	}
+	// Everything, then after the ladder everything again, then only what
+	// holds allocations: the free cache is optional.
+	oom, err := a.wakeRuns(p, sl, total)
+	if oom {
+		ladder()
+		oom, err = a.wakeRuns(p, sl, total)
+	}
+	if oom && dropCache() {
+		oom, err = a.wakeRuns(p, sl, total)
+	}
+	if oom {
+		return a.wakeOOM(p, total, err)
 	}
 	if err != nil {
 		var hk *SegmentHookError

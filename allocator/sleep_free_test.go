@@ -81,9 +81,9 @@ func TestCloseAsleep(t *testing.T) {
 	}
 }
 
-// TestWakeFreeCacheOptional: Wake maps the handles that hold allocations
-// first; the free cache is mapped back only if the device has room. A
-// device without room for the cache still wakes the allocations (their
+// TestWakeFreeCacheOptional: the free cache is mapped back only if the
+// device has room (after the out-of-memory ladder): a device without room
+// for the cache still wakes the handles that hold allocations (their
 // contents restored), and a pool with nothing allocated wakes, for zero
 // live bytes, on a full device.
 func TestWakeFreeCacheOptional(t *testing.T) {
