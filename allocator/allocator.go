@@ -851,8 +851,14 @@ func (a *Allocator) freeSlow(ptr uintptr) error {
 	}
 	pk, _ := a.heap.Peek(b)
 	owner := a.states[pk.Stream]
-	if owner.pool.asleep {
-		a.dropBackup(owner.pool, ptr)
+	if p := owner.pool; p.asleep && a.dropBackup(p, ptr) {
+		// The backup's pinned memory goes with its last block, once the
+		// free is done (freeSpares drops mu).
+		defer func() {
+			if sl := p.sleep; sl != nil {
+				_ = a.freeSpares(sl)
+			}
+		}()
 	}
 	owner.frees++
 	cl := &a.classes[pk.Pool]

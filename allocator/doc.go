@@ -161,13 +161,25 @@
 //
 // While a pool is not awake its blocks stay in the heap, allocated and
 // free, so no other pool's growth takes their address space; its Malloc
-// and RecordStream return ErrPoolAsleep, Free works (and drops the
-// block's backup), and every release (EmptyCache, the ladder, Synchronize,
-// ReleaseStream, reclaim) skips it. Its reserved bytes leave
+// and RecordStream return ErrPoolAsleep, Free works (the last block a
+// backup holds freed, the backup's host memory goes at once), Close works
+// once nothing is allocated, and every release (the ladder, Synchronize,
+// ReleaseStream, reclaim) skips it; its own EmptyCache gives up its free
+// cache, which Wake then does not map back. Its reserved bytes leave
 // ReservedBytes for AsleepBytes, so the memory fraction cap and the other
-// pools see the memory free at once; Wake's out-of-memory ladder takes
-// back other pools' free cache before it returns *OutOfMemoryError.
-// Check verifies the sleep records (checkSleeps).
+// pools see the memory free at once. Wake's out-of-memory ladder takes
+// back other pools' free cache; the pool's own free cache is optional,
+// given up if the device still has no room for it, so that what holds
+// allocations wakes; only if that does not fit either does Wake return
+// *OutOfMemoryError. The modes are
+// Discard, Offload (host backups of the allocated bytes) and Memset (zero
+// at Wake); SleepOptions.Poison fills what was discarded with PoisonByte
+// at Wake. Check verifies the sleep records (checkSleeps).
+//
+// Pool.Close returns the pool's memory to the driver: the handles its
+// release unmaps into the device-wide handle cache are trimmed back out
+// (to the cache's level when the pool was made), so a tenant that leaves
+// leaves the device's free memory as it found it.
 //
 // # Release policy and reserved-memory bound
 //
