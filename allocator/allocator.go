@@ -20,6 +20,7 @@ import (
 type Allocator struct {
 	drv     backend.Driver
 	cfg     Config
+	reserve handleReserve // created handles kept ready (reserve.go)
 	dev     int
 	total   uint64 // device capacity, nbytes
 	gran    uint64 // driver MINIMUM granularity: the unit of mapping, nbytes
@@ -90,6 +91,12 @@ type Allocator struct {
 	growSeq      uint64
 	mappingBytes uint64
 	grown        sync.Cond
+	// releasesLive are the tickets, ascending, of the releases whose
+	// unmaps run with mu dropped (releaseRels, flushUnmaps), releaseSeq
+	// the last issued; grown is signalled when one ends too, for a
+	// ladder's last look (oom.go). mu.
+	releasesLive []uint64
+	releaseSeq   uint64
 
 	// def is the default pool: the allocator's own cache (pool.go).
 	def Pool
@@ -340,6 +347,7 @@ func New(drv backend.Driver, cfg Config) (*Allocator, error) {
 		return nil, errors.Join(err, drv.StreamDestroy(s))
 	}
 	a.streams[s] = ss
+	a.startReserve()
 	return a, nil
 }
 
@@ -892,8 +900,14 @@ func (a *Allocator) freeLocked(ptr uintptr) error {
 	}
 	pk, _ := a.heap.Peek(b)
 	owner := a.states[pk.Stream]
-	if owner.pool.asleep {
-		a.dropBackup(owner.pool, ptr)
+	if p := owner.pool; p.asleep && a.dropBackup(p, ptr) {
+		// The backup's pinned memory goes with its last block, once the
+		// free is done (freeSpares drops mu).
+		defer func() {
+			if sl := p.sleep; sl != nil {
+				_ = a.freeSpares(sl)
+			}
+		}()
 	}
 	owner.frees++
 	cl := &a.classes[pk.Pool]
@@ -1078,6 +1092,8 @@ func (a *Allocator) statsLocked() stats.DeviceStats {
 	s.OwnedBytes = int64(a.owned.bytes.Load())
 	s.OwnedReclaimedBytes = int64(a.owned.cleaned.Load() - a.owned.cleanedBase.Load())
 	s.AsleepBytes, s.HostBackupBytes = a.sleepTotals(nil)
+	s.CachedHandleBytes = int64(a.cachedHandleBytes())
+	s.ReserveHandlesCreated, s.ReserveFailures = a.reserve.created, a.reserve.failed
 	return s
 }
 
@@ -1105,6 +1121,7 @@ func (a *Allocator) ResetAccumulatedStats() {
 		}
 	}
 	a.counters = segment.Counters{}
+	a.reserve.created, a.reserve.failed = 0, 0
 	a.owned.cleanedBase.Store(a.owned.cleaned.Load())
 }
 
@@ -1164,6 +1181,7 @@ func (a *Allocator) SetMemoryFraction(fraction float64) error {
 // their memory regardless: closing the allocator vouches that the device's
 // work on its memory is done.
 func (a *Allocator) Close() error {
+	a.stopReserve() // before mu: the refill takes it
 	a.mu.Lock()
 	defer a.unlock()
 	a.quiesceWaits()

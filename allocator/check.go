@@ -28,6 +28,9 @@ var ErrCorrupt = errors.New("vmmalloc: invariant violated")
 //     allocated and pending-free blocks;
 //   - the statistics equal a recount, and the cache hit's guard (hitOff)
 //     the fields it summarises;
+//   - the handle reserve creates nothing while no wait is in flight, its
+//     stock sizes are ones the handle caches hold, and each cache's
+//     budget leaves room for its reserve (checkReserve);
 //   - every handle registered as exported (ShareSpans) and mapped is
 //     mapped by a segment at its size, and none held only by its
 //     exporter is;
@@ -51,6 +54,9 @@ func (a *Allocator) Check() error {
 		return err
 	}
 	if err := a.checkExported(); err != nil {
+		return err
+	}
+	if err := a.checkReserve(); err != nil {
 		return err
 	}
 	if in, ok := a.drv.(backend.Introspector); ok {

@@ -75,6 +75,12 @@ type Config struct {
 	// HandleCacheSize is how many bytes of unmapped physical handles each
 	// pool keeps for reuse. Key: handle_cache_mb.
 	HandleCacheSize uint64
+	// HandleReserve is how many bytes of created handles a background
+	// goroutine keeps in the large pool's handle cache (an eighth as much
+	// in the small pool's), so that a growing Malloc maps handles rather
+	// than creates them; 0 (the default) keeps none (reserve.go). Key:
+	// handle_reserve_mb.
+	HandleReserve uint64
 	// DefragThreshold, for expandable segments: when growth would make a
 	// pool's mapped bytes exceed (1+DefragThreshold) × its high water mark
 	// of allocated bytes (the most allocated plus the request seen by a
@@ -257,6 +263,8 @@ func (c *Config) set(k, v string) error {
 		c.SmallSegmentSize, err = parseMB(k, v, 1)
 	case "handle_cache_mb":
 		c.HandleCacheSize, err = parseMB(k, v, 0)
+	case "handle_reserve_mb":
+		c.HandleReserve, err = parseMB(k, v, 0)
 	case "release_threshold_mb":
 		if strings.EqualFold(v, "none") {
 			c.ReleaseThreshold = math.MaxUint64
@@ -429,7 +437,11 @@ func (c Config) String() string {
 	if c.ReleaseThreshold != math.MaxUint64 {
 		fmt.Fprintf(b, ",release_threshold_mb:%d", c.ReleaseThreshold/mib)
 	}
-	fmt.Fprintf(b, ",handle_cache_mb:%d,max_segments_per_pool:%d", c.HandleCacheSize/mib, c.MaxSegmentsPerPool)
+	fmt.Fprintf(b, ",handle_cache_mb:%d", c.HandleCacheSize/mib)
+	if c.HandleReserve != 0 {
+		fmt.Fprintf(b, ",handle_reserve_mb:%d", c.HandleReserve/mib)
+	}
+	fmt.Fprintf(b, ",max_segments_per_pool:%d", c.MaxSegmentsPerPool)
 	if c.DefragThreshold < 0 {
 		b.WriteString(",defrag_threshold:off")
 	} else {

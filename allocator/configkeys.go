@@ -16,6 +16,7 @@ var configKeys = []string{
 	"small_segment_size_mb",
 	"release_threshold_mb",
 	"handle_cache_mb",
+	"handle_reserve_mb",
 	"defrag_threshold",
 	"max_segments_per_pool",
 	"owned_buffer_gc",

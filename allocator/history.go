@@ -356,12 +356,12 @@ func (a *Allocator) histReserve(classic bool, addr uintptr, bytes int64, owner *
 // an unmap from the old stream, then a map for the new one. Reserved bytes
 // only dip between the two, so replaying the history keeps its peak. mu
 // held.
-func (a *Allocator) histHandOver(addr uintptr, size uint64, from, to backend.Stream, pool PoolID) {
+func (a *Allocator) histHandOver(addr uintptr, size uint64, from, to backend.Stream, fromPool, toPool PoolID) {
 	if a.hist == nil || size == 0 {
 		return
 	}
-	a.hist.record(stats.TraceSegmentUnmap, addr, size, from, 0, pool)
-	a.hist.record(stats.TraceSegmentMap, addr, size, to, 0, pool)
+	a.hist.record(stats.TraceSegmentUnmap, addr, size, from, 0, fromPool)
+	a.hist.record(stats.TraceSegmentMap, addr, size, to, 0, toPool)
 }
 
 // histSleep records pool p's memory given back by Sleep (sleeping) or

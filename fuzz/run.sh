@@ -24,7 +24,7 @@ else
 	# The trace readers (fuzz/readers_test.go): untrusted files.
 	targets+=(FuzzPickle FuzzPyTorchSnapshot FuzzRMMLog FuzzBinaryTrace FuzzTextTrace)
 	# Targets that live beside the code they fuzz.
-	targets+=(./benchmarks/pickle:FuzzDecode ./allocator/host:FuzzHostAllocator ./stats/memviz:FuzzSettingValues ./arena:FuzzHeap ./allocator/ipc:FuzzDescriptor ./arena/plan:FuzzPack)
+	targets+=(./benchmarks/pickle:FuzzDecode ./allocator/host:FuzzHostAllocator ./stats/memviz:FuzzSettingValues ./arena:FuzzHeap ./allocator/ipc:FuzzDescriptor ./arena/plan:FuzzPack ./backend/emulated:FuzzCostProfile)
 fi
 
 cd "$(dirname "$0")/.."

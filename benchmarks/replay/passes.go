@@ -21,6 +21,9 @@ type PassStats struct {
 	// DriverCalls counts the emulated driver's calls of the pass
 	// (maps, unmaps, handle creations and frees, synchronisations).
 	DriverCalls int64 `json:"driver_calls"`
+	// SimDriverNs is the simulated time of those calls under the
+	// emulator's cost model.
+	SimDriverNs int64 `json:"sim_driver_time_ns"`
 	// Calls counts the pass's Malloc and Free calls; NsPerCall is the
 	// pass's wall time divided by them.
 	Calls     int     `json:"calls"`
@@ -37,6 +40,7 @@ type PassesReport struct {
 	SteadyPeakReservedBytes uint64  `json:"steady_peak_reserved_bytes"`
 	SteadyPeakLiveBytes     uint64  `json:"steady_peak_live_bytes"`
 	SteadyDriverCalls       int64   `json:"steady_driver_calls"`
+	SteadySimDriverNs       int64   `json:"steady_sim_driver_time_ns"`
 	SteadyNsPerCall         float64 `json:"steady_ns_per_call"`
 	// SteadyReservedOverLive is SteadyPeakReservedBytes over
 	// SteadyPeakLiveBytes.
@@ -62,8 +66,9 @@ var ErrNoPasses = errors.New("replay: want at least one pass")
 // pass leaves live and calling MarkStep after each pass, so that each
 // pass is one step of a training loop. With planned_steps on in cfg, the
 // passes after the second are served from a plan. Frees of blocks
-// allocated before the trace began are skipped.
-func WarmPasses(events []trace.Event, cfg allocator.Config, capacity uint64, passes int) (*PassesReport, error) {
+// allocated before the trace began are skipped. opts configure the
+// emulated device further (a cost model, say), after its capacity.
+func WarmPasses(events []trace.Event, cfg allocator.Config, capacity uint64, passes int, opts ...emulated.Option) (*PassesReport, error) {
 	if passes < 1 {
 		return nil, ErrNoPasses
 	}
@@ -93,7 +98,7 @@ func WarmPasses(events []trace.Event, cfg allocator.Config, capacity uint64, pas
 			}
 		}
 	}
-	emu, err := emulated.New(emulated.WithCapacity(capacity), emulated.WithDevices(cfg.Device+1))
+	emu, err := emulated.New(append([]emulated.Option{emulated.WithCapacity(capacity), emulated.WithDevices(cfg.Device + 1)}, opts...)...)
 	if err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrInvalidOptions, err)
 	}
@@ -113,7 +118,7 @@ func WarmPasses(events []trace.Event, cfg allocator.Config, capacity uint64, pas
 	rep := &PassesReport{Config: cfg.String()}
 	for i := 1; i <= passes; i++ {
 		a.ResetPeakStats()
-		before := calls()
+		before, simBefore := calls(), emu.SimulatedTime()
 		n := 0
 		start := time.Now()
 		for _, o := range ops {
@@ -155,12 +160,14 @@ func WarmPasses(events []trace.Event, cfg allocator.Config, capacity uint64, pas
 			return nil, fmt.Errorf("pass %d: MarkStep: %w", i, err)
 		}
 		ps.DriverCalls = calls() - before
+		ps.SimDriverNs = int64(emu.SimulatedTime() - simBefore)
 		ps.State = a.StepStats().State
 		rep.Passes = append(rep.Passes, ps)
 	}
 	last := rep.Passes[len(rep.Passes)-1]
 	rep.SteadyPeakReservedBytes, rep.SteadyPeakLiveBytes = last.PeakReservedBytes, last.PeakLiveBytes
 	rep.SteadyDriverCalls, rep.SteadyNsPerCall = last.DriverCalls, last.NsPerCall
+	rep.SteadySimDriverNs = last.SimDriverNs
 	rep.SteadyReservedOverLive = ratio(last.PeakReservedBytes, last.PeakLiveBytes)
 	ss := a.StepStats()
 	rep.RegionBytes, rep.PlanBytes, rep.PlanPeakLiveBytes, rep.PlannedBlocks = ss.RegionBytes, ss.PlanBytes, ss.PeakLiveBytes, ss.PlannedBlocks

@@ -206,7 +206,7 @@ func warmReplayConfig(b *testing.B, cfg allocator.Config, warm int, pass func(*a
 		}
 		return n
 	}
-	before := driverCalls()
+	before, sim0 := driverCalls(), e.SimulatedTime()
 	calls := 0
 	b.ResetTimer()
 	for i := 0; i < b.N; i++ {
@@ -218,4 +218,5 @@ func warmReplayConfig(b *testing.B, cfg allocator.Config, warm int, pass func(*a
 	}
 	b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(calls), "ns/call")
 	b.ReportMetric(float64(driverCalls()-before)/float64(b.N), "driver-calls/op")
+	b.ReportMetric(float64((e.SimulatedTime()-sim0).Nanoseconds())/float64(b.N), "sim-driver-ns/op")
 }

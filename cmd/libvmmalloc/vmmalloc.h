@@ -132,9 +132,10 @@ int vmmalloc_release_pool(int device, uint64_t id0, uint64_t id1);
  * sleep gives its physical memory back and keeps its addresses; with
  * VMMALLOC_OFFLOAD its allocated bytes are copied to pinned host memory
  * and restored by wake, with VMMALLOC_DISCARD they are undefined after
- * wake. keep_host_buffers keeps the pinned buffers after wake for the
- * next sleep. Expandable pools only (the default). */
-enum { VMMALLOC_DISCARD = 0, VMMALLOC_OFFLOAD = 1 };
+ * wake, with VMMALLOC_MEMSET they read zero after wake (TensorRT-LLM's
+ * MEMSET restore mode). keep_host_buffers keeps the pinned buffers after
+ * wake for the next sleep. Expandable pools only (the default). */
+enum { VMMALLOC_DISCARD = 0, VMMALLOC_OFFLOAD = 1, VMMALLOC_MEMSET = 2 };
 int vmmalloc_sleep(int device, uint64_t id0, uint64_t id1, int mode, int keep_host_buffers);
 int vmmalloc_wake(int device, uint64_t id0, uint64_t id1);
 

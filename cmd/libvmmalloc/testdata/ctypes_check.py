@@ -90,6 +90,12 @@ assert lib.vmmalloc_set_memory_fraction(0.25, 0) == 0
 assert alloc(300 * MIB, 0, None) is None
 oom = last_error()
 assert "out of memory" in oom and "allowed" in oom, oom
+# The whole message, one line, as long as the error's: no fixed buffer
+# cuts it (the figures and the advice come last).
+assert "largest free block" in oom and "Advice:" in oom and oom.endswith("."), oom
+assert "\n" not in oom and len(oom) > 300, oom
+short = ctypes.create_string_buffer(16)
+assert lib.vmmalloc_last_error(short, 16) == len(oom.encode()) and short.value == oom.encode()[:15]
 assert lib.vmmalloc_set_memory_fraction(0.0, 0) == -1 and "outside (0,1]" in last_error()
 assert lib.vmmalloc_set_memory_fraction(1.0, 0) == 0
 assert lib.vmmalloc_mark_step(0) == 0
