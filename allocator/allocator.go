@@ -20,6 +20,7 @@ import (
 type Allocator struct {
 	drv     backend.Driver
 	cfg     Config
+	reserve handleReserve // created handles kept ready (reserve.go)
 	dev     int
 	total   uint64 // device capacity, nbytes
 	gran    uint64 // driver MINIMUM granularity: the unit of mapping, nbytes
@@ -90,6 +91,12 @@ type Allocator struct {
 	growSeq      uint64
 	mappingBytes uint64
 	grown        sync.Cond
+	// releasesLive are the tickets, ascending, of the releases whose
+	// unmaps run with mu dropped (releaseRels, flushUnmaps), releaseSeq
+	// the last issued; grown is signalled when one ends too, for a
+	// ladder's last look (oom.go). mu.
+	releasesLive []uint64
+	releaseSeq   uint64
 
 	// def is the default pool: the allocator's own cache (pool.go).
 	def Pool
@@ -122,6 +129,10 @@ type Allocator struct {
 	// waits instead of sleeping. mu.
 	quiescing int
 	waitWatch *sync.Cond
+
+	// planned is the planned-step state (planned.go); nil when
+	// planned_steps is off. mu.
+	planned *planner
 }
 
 // streamState is the per-stream part of the allocator. The allocator's
@@ -278,6 +289,7 @@ func New(drv backend.Driver, cfg Config) (*Allocator, error) {
 	}
 	a.quiet.L = &a.mu
 	a.owned.init(&a.mu)
+
 	a.maxBlock = maxBlockSize(gran, cfg.SmallSegmentSize, cfg.LargeSegmentSize)
 	a.grown.L = &a.mu
 	a.plainRound = true
@@ -285,6 +297,9 @@ func New(drv backend.Driver, cfg Config) (*Allocator, error) {
 		a.plainRound = a.plainRound && d <= 1
 	}
 	a.def = Pool{a: a, name: "default", expandable: cfg.ExpandableSegments, limit: math.MaxUint64}
+	if cfg.PlannedSteps {
+		a.planned = newPlanner(a) // after plainRound and def
+	}
 	a.def.recs = [2]*stats.HotCounters{&a.st, &a.def.st}
 	a.pools = []*Pool{&a.def}
 	if a.def.idle, err = a.newStreamState(idleStream); err != nil {
@@ -332,6 +347,7 @@ func New(drv backend.Driver, cfg Config) (*Allocator, error) {
 		return nil, errors.Join(err, drv.StreamDestroy(s))
 	}
 	a.streams[s] = ss
+	a.startReserve()
 	return a, nil
 }
 
@@ -572,6 +588,16 @@ func (a *Allocator) setSleepOff() { a.hitOff = a.hitOff&^sleepHitOff | a.hitOffS
 // stream; use RecordStream before using it on another stream.
 func (a *Allocator) Malloc(size uint64, stream backend.Stream) (uintptr, error) {
 	a.mu.Lock()
+	if pl := a.planned; pl != nil {
+		switch sp := pl.def; sp.state { // def is made with the planner
+		case stepPlanned:
+			if addr := a.planMalloc(sp, size, stream); addr != 0 {
+				return addr, nil
+			}
+		case stepLearning:
+			return a.learnMalloc(sp, size, stream)
+		}
+	}
 	// The cache hit: the stream used last, no event to process, no
 	// history, a free block that fits. One lock round trip without defer:
 	// nothing between Lock and Unlock can panic.
@@ -607,6 +633,16 @@ func (a *Allocator) Malloc(size uint64, stream backend.Stream) (uintptr, error) 
 // growth, the OOM ladder and history. mu held; it unlocks.
 func (a *Allocator) mallocSlow(p *Pool, size uint64, stream backend.Stream) (uintptr, error) {
 	defer a.unlock()
+	addr, err := a.mallocLocked(p, size, stream)
+	if err != nil && a.planned != nil && a.dropIdleRegions(p, err) {
+		return a.mallocLocked(p, size, stream) // with the idle plan regions back in the heap
+	}
+	return addr, err
+}
+
+// mallocLocked is mallocSlow without the unlock. mu held (dropped while
+// a growth maps).
+func (a *Allocator) mallocLocked(p *Pool, size uint64, stream backend.Stream) (uintptr, error) {
 	if err := p.live(); err != nil {
 		return 0, err
 	}
@@ -762,6 +798,22 @@ func (a *Allocator) countAlloc(ss *streamState, cl *sizeClass, bsize, size uint6
 // those streams now have completed. On error nothing changes.
 func (a *Allocator) Free(ptr uintptr) error {
 	a.mu.Lock()
+	if pl := a.planned; pl != nil {
+		if r := pl.hot; r != nil && ptr-r.base < uintptr(r.size) { // a planned block
+			err := a.planFree(pl, r, ptr)
+			if len(a.unmapQueue) > 0 { // a retired region went back to the heap
+				_ = a.flushUnmaps()
+			}
+			a.mu.Unlock()
+			return err
+		}
+		if ptr-pl.lo < pl.span || pl.learning > 0 {
+			if done, err := a.stepFree(pl, ptr); done {
+				a.unlock()
+				return err
+			}
+		}
+	}
 	// The common case: no stream recorded on any block, no history, no
 	// pool asleep, no event on this one. One lock round trip without
 	// defer.
@@ -819,6 +871,11 @@ func (a *Allocator) countFree(ss *streamState, pk arena.Freed) {
 // events, history. mu held; it unlocks.
 func (a *Allocator) freeSlow(ptr uintptr) error {
 	defer a.unlock()
+	return a.freeLocked(ptr)
+}
+
+// freeLocked is freeSlow without the unlock. mu held.
+func (a *Allocator) freeLocked(ptr uintptr) error {
 	if a.closed {
 		return ErrClosed
 	}
@@ -843,8 +900,14 @@ func (a *Allocator) freeSlow(ptr uintptr) error {
 	}
 	pk, _ := a.heap.Peek(b)
 	owner := a.states[pk.Stream]
-	if owner.pool.asleep {
-		a.dropBackup(owner.pool, ptr)
+	if p := owner.pool; p.asleep && a.dropBackup(p, ptr) {
+		// The backup's pinned memory goes with its last block, once the
+		// free is done (freeSpares drops mu).
+		defer func() {
+			if sl := p.sleep; sl != nil {
+				_ = a.freeSpares(sl)
+			}
+		}()
 	}
 	owner.frees++
 	cl := &a.classes[pk.Pool]
@@ -933,6 +996,12 @@ func (a *Allocator) freeBlockPeek(b arena.BlockID, info arena.Peek, pending bool
 	}
 	ss.idle = false
 	ss.active--
+	if pending && a.pendingRegion(b, true) { // a plan region: never counted
+		if ss.idleOwner {
+			_ = a.releaseIdle(ss)
+		}
+		return nil
+	}
 	for _, st := range a.statsOf(ss.pool) {
 		if pending {
 			st.CountPendingFreed(cl.kind, int64(info.Size), int64(info.Requested))
@@ -961,6 +1030,11 @@ func (a *Allocator) RecordStream(ptr uintptr, s backend.Stream) error {
 	if ptr == 0 || ptr%minBlockSize != 0 { // never handed out: no lookup
 		return a.badPointer(ptr)
 	}
+	if pl := a.planned; pl != nil {
+		if ok, err := a.stepRecordStream(pl, ptr, s); ok {
+			return err
+		}
+	}
 	b := a.heap.Lookup(ptr)
 	if b == arena.NoBlock {
 		return a.badPointer(ptr)
@@ -983,6 +1057,9 @@ func (a *Allocator) RecordStream(ptr uintptr, s backend.Stream) error {
 	}
 	if owner := a.states[a.heap.StreamOf(b)]; owner.primary == ss {
 		return nil // the block's own stream
+	}
+	if pl := a.planned; pl != nil && pl.learning > 0 {
+		pl.recordLearnStream(ptr)
 	}
 	uses := a.uses[b]
 	for _, u := range uses {
@@ -1015,6 +1092,8 @@ func (a *Allocator) statsLocked() stats.DeviceStats {
 	s.OwnedBytes = int64(a.owned.bytes.Load())
 	s.OwnedReclaimedBytes = int64(a.owned.cleaned.Load() - a.owned.cleanedBase.Load())
 	s.AsleepBytes, s.HostBackupBytes = a.sleepTotals(nil)
+	s.CachedHandleBytes = int64(a.cachedHandleBytes())
+	s.ReserveHandlesCreated, s.ReserveFailures = a.reserve.created, a.reserve.failed
 	return s
 }
 
@@ -1042,6 +1121,7 @@ func (a *Allocator) ResetAccumulatedStats() {
 		}
 	}
 	a.counters = segment.Counters{}
+	a.reserve.created, a.reserve.failed = 0, 0
 	a.owned.cleanedBase.Store(a.owned.cleaned.Load())
 }
 
@@ -1101,6 +1181,7 @@ func (a *Allocator) SetMemoryFraction(fraction float64) error {
 // their memory regardless: closing the allocator vouches that the device's
 // work on its memory is done.
 func (a *Allocator) Close() error {
+	a.stopReserve() // before mu: the refill takes it
 	a.mu.Lock()
 	defer a.unlock()
 	a.quiesceWaits()
@@ -1109,6 +1190,7 @@ func (a *Allocator) Close() error {
 	}
 	a.closed = true
 	a.setHitOff()
+	a.stepsClosed()
 	var errs []error
 	// Every later call returns ErrClosed before it touches state, and no
 	// wait was in flight when closed was set, so nothing changes the

@@ -28,6 +28,9 @@ var ErrCorrupt = errors.New("vmmalloc: invariant violated")
 //     allocated and pending-free blocks;
 //   - the statistics equal a recount, and the cache hit's guard (hitOff)
 //     the fields it summarises;
+//   - the handle reserve creates nothing while no wait is in flight, its
+//     stock sizes are ones the handle caches hold, and each cache's
+//     budget leaves room for its reserve (checkReserve);
 //   - every handle registered as exported (ShareSpans) and mapped is
 //     mapped by a segment at its size, and none held only by its
 //     exporter is;
@@ -51,6 +54,9 @@ func (a *Allocator) Check() error {
 		return err
 	}
 	if err := a.checkExported(); err != nil {
+		return err
+	}
+	if err := a.checkReserve(); err != nil {
 		return err
 	}
 	if in, ok := a.drv.(backend.Introspector); ok {
@@ -176,6 +182,15 @@ func (a *Allocator) check() error {
 				return corrupt("block %#x is %s with the lock held", b.Addr, b.State)
 			case arena.Allocated, arena.PendingFree:
 				active[a.states[b.StreamID]]++
+				if a.planned != nil && (a.planned.regionOf(id) != nil || a.pendingRegion(id, false)) {
+					// A plan region: checkPlans counts its planned blocks.
+					if b.State == arena.Allocated {
+						nLive++
+					} else {
+						nEvents += int(b.Events)
+					}
+					break
+				}
 				rc.add(bp, func(w *stats.DeviceStats) { w.Active.Add(cl.kind, 1) })
 				rc.add(bp, func(w *stats.DeviceStats) { w.ActiveBytes.Add(cl.kind, n) })
 				rc.add(bp, func(w *stats.DeviceStats) { w.RequestedBytes.Add(cl.kind, int64(b.Requested)) })
@@ -326,6 +341,9 @@ func (a *Allocator) check() error {
 	}
 	if pendingBlocks != a.pending {
 		return corrupt("pending counter %d, blocks %d", a.pending, pendingBlocks)
+	}
+	if err := a.checkPlans(&rc); err != nil {
+		return err
 	}
 	got := a.st.Settled() // Active's Current is derived (stats.HotCounters)
 	if err := compareStats(want, &got); err != nil {
@@ -582,6 +600,19 @@ func (a *Allocator) snapshotLocked() stats.Snapshot {
 			bi := stats.BlockInfo{Address: b.Addr, Size: b.Size, RequestedSize: b.Requested, Stream: uint64(b.Stream)}
 			if b.State != arena.Unmapped {
 				bi.Pool = a.blockPool(b)
+			}
+			if b.State == arena.Allocated {
+				if planned := a.planSnapshotBlocks(id, b, bi.Pool); planned != nil {
+					for _, pb := range planned {
+						if pb.State == stats.BlockActiveAllocated {
+							si.AllocatedSize += pb.Size
+							si.ActiveSize += pb.Size
+							si.RequestedSize += pb.RequestedSize
+						}
+					}
+					si.Blocks = append(si.Blocks, planned...)
+					continue
+				}
 			}
 			switch b.State {
 			case arena.Allocated:

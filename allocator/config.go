@@ -75,6 +75,12 @@ type Config struct {
 	// HandleCacheSize is how many bytes of unmapped physical handles each
 	// pool keeps for reuse. Key: handle_cache_mb.
 	HandleCacheSize uint64
+	// HandleReserve is how many bytes of created handles a background
+	// goroutine keeps in the large pool's handle cache (an eighth as much
+	// in the small pool's), so that a growing Malloc maps handles rather
+	// than creates them; 0 (the default) keeps none (reserve.go). Key:
+	// handle_reserve_mb.
+	HandleReserve uint64
 	// DefragThreshold, for expandable segments: when growth would make a
 	// pool's mapped bytes exceed (1+DefragThreshold) × its high water mark
 	// of allocated bytes (the most allocated plus the request seen by a
@@ -96,6 +102,11 @@ type Config struct {
 	// releases the cache and reports out of memory (owned.go). Default
 	// true. Key: owned_buffer_gc, True or False.
 	OwnedBufferGC bool
+	// PlannedSteps: once MarkStep marks the end of each step, a pool whose
+	// steps repeat the same calls serves them from an offline-packed
+	// region (planned.go). Nothing changes until MarkStep is called.
+	// Default true. Key: planned_steps, True or False.
+	PlannedSteps bool
 	// Backend names the driver a program should open (backend/drivers):
 	// "native", PyTorch's value and the default, leaves the choice to the
 	// program (the CLI opens the emulator); "emulated", "cuda" or "acl"
@@ -121,6 +132,7 @@ func DefaultConfig() Config {
 		MaxSegmentsPerPool:       2,
 		DefragThreshold:          0.01,
 		OwnedBufferGC:            true,
+		PlannedSteps:             true,
 		Backend:                  "native",
 	}
 }
@@ -251,6 +263,8 @@ func (c *Config) set(k, v string) error {
 		c.SmallSegmentSize, err = parseMB(k, v, 1)
 	case "handle_cache_mb":
 		c.HandleCacheSize, err = parseMB(k, v, 0)
+	case "handle_reserve_mb":
+		c.HandleReserve, err = parseMB(k, v, 0)
 	case "release_threshold_mb":
 		if strings.EqualFold(v, "none") {
 			c.ReleaseThreshold = math.MaxUint64
@@ -277,6 +291,15 @@ func (c *Config) set(k, v string) error {
 			return badValue(k, v, "want 1..64")
 		}
 		c.MaxSegmentsPerPool = n
+	case "planned_steps":
+		switch strings.ToLower(v) {
+		case "true", "1":
+			c.PlannedSteps = true
+		case "false", "0":
+			c.PlannedSteps = false
+		default:
+			return badValue(k, v, "want True or False")
+		}
 	case "owned_buffer_gc":
 		switch strings.ToLower(v) {
 		case "true", "1":
@@ -414,7 +437,11 @@ func (c Config) String() string {
 	if c.ReleaseThreshold != math.MaxUint64 {
 		fmt.Fprintf(b, ",release_threshold_mb:%d", c.ReleaseThreshold/mib)
 	}
-	fmt.Fprintf(b, ",handle_cache_mb:%d,max_segments_per_pool:%d", c.HandleCacheSize/mib, c.MaxSegmentsPerPool)
+	fmt.Fprintf(b, ",handle_cache_mb:%d", c.HandleCacheSize/mib)
+	if c.HandleReserve != 0 {
+		fmt.Fprintf(b, ",handle_reserve_mb:%d", c.HandleReserve/mib)
+	}
+	fmt.Fprintf(b, ",max_segments_per_pool:%d", c.MaxSegmentsPerPool)
 	if c.DefragThreshold < 0 {
 		b.WriteString(",defrag_threshold:off")
 	} else {
@@ -422,6 +449,9 @@ func (c Config) String() string {
 	}
 	if !c.OwnedBufferGC {
 		b.WriteString(",owned_buffer_gc:False")
+	}
+	if !c.PlannedSteps {
+		b.WriteString(",planned_steps:False")
 	}
 	if c.Backend != "" && c.Backend != "native" {
 		fmt.Fprintf(b, ",backend:%s", c.Backend)

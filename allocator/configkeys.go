@@ -16,9 +16,11 @@ var configKeys = []string{
 	"small_segment_size_mb",
 	"release_threshold_mb",
 	"handle_cache_mb",
+	"handle_reserve_mb",
 	"defrag_threshold",
 	"max_segments_per_pool",
 	"owned_buffer_gc",
+	"planned_steps",
 	"backend",
 }
 

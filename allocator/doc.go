@@ -77,6 +77,10 @@
 // non-blocking event query says so) change hands where they are mapped, or
 // are unmapped and remapped where the heap grows (reclaim.go), so many
 // streams reserve about the peak of their sum, not the sum of their peaks.
+// Under pressure a pool's growth also adopts other pools' idle free
+// handles where they are mapped (whole handles, their reserved bytes
+// moving with them; pool.go says which pools lend), so tenants whose
+// peaks do not fit together hand memory over with no driver call.
 // Unmapping for that, or for the stream's own holes (defragmentation),
 // happens only when the growth would take the pool's mapped bytes past
 // (1 + defrag_threshold) × its high water mark of allocated bytes plus a
@@ -114,12 +118,21 @@
 //     too), so no pool starves for memory another pool only caches,
 //     releases empty segments and cached handles, and retries
 //     (num_alloc_retries);
-//  3. returns an *OutOfMemoryError stating the request, device total and
-//     free memory, allocated bytes, and reserved-but-unallocated bytes.
+//  3. takes a last look (oom.go): waits for the growths, releases and
+//     collections of other goroutines in flight, searches the free lists
+//     again, and climbs rung 2 again while memory to release appeared
+//     with the lock dropped (or grows again where room came back), so
+//     that a retry with nothing changed never succeeds where the Malloc
+//     failed;
+//  4. returns an *OutOfMemoryError stating the request, device total and
+//     free memory, allocated bytes, reserved-but-unallocated bytes, and
+//     where the free memory is (the largest free block the request could
+//     use, free bytes unusable for its size, other streams' and pools'
+//     caches), with advice that tells fragmentation from exhaustion.
 //
 // A growth that would take a pool past its own memory limit
 // (PoolOptions.MemoryLimit) releases only that pool's free memory, retries
-// once, and returns an *OutOfMemoryError whose PoolLimit says the pool's
+// (with the last look, within the pool), and returns an *OutOfMemoryError whose PoolLimit says the pool's
 // limit, not the device, was hit: other pools' caches are theirs.
 //
 // Completed events are processed at the start of every Malloc that has
@@ -148,13 +161,25 @@
 //
 // While a pool is not awake its blocks stay in the heap, allocated and
 // free, so no other pool's growth takes their address space; its Malloc
-// and RecordStream return ErrPoolAsleep, Free works (and drops the
-// block's backup), and every release (EmptyCache, the ladder, Synchronize,
-// ReleaseStream, reclaim) skips it. Its reserved bytes leave
+// and RecordStream return ErrPoolAsleep, Free works (the last block a
+// backup holds freed, the backup's host memory goes at once), Close works
+// once nothing is allocated, and every release (the ladder, Synchronize,
+// ReleaseStream, reclaim) skips it; its own EmptyCache gives up its free
+// cache, which Wake then does not map back. Its reserved bytes leave
 // ReservedBytes for AsleepBytes, so the memory fraction cap and the other
-// pools see the memory free at once; Wake's out-of-memory ladder takes
-// back other pools' free cache before it returns *OutOfMemoryError.
-// Check verifies the sleep records (checkSleeps).
+// pools see the memory free at once. Wake's out-of-memory ladder takes
+// back other pools' free cache; the pool's own free cache is optional,
+// given up if the device still has no room for it, so that what holds
+// allocations wakes; only if that does not fit either does Wake return
+// *OutOfMemoryError. The modes are
+// Discard, Offload (host backups of the allocated bytes) and Memset (zero
+// at Wake); SleepOptions.Poison fills what was discarded with PoisonByte
+// at Wake. Check verifies the sleep records (checkSleeps).
+//
+// Pool.Close returns the pool's memory to the driver: the handles its
+// release unmaps into the device-wide handle cache are trimmed back out
+// (to the cache's level when the pool was made), so a tenant that leaves
+// leaves the device's free memory as it found it.
 //
 // # Release policy and reserved-memory bound
 //
@@ -198,6 +223,19 @@
 // a block may have been freed), and ErrUnknownPointer anywhere else: 0, an
 // unaligned address, outside every reservation, or in the unmapped part of
 // one. A config string that sets a key twice is refused.
+//
+// # Planned steps
+//
+// A framework calls MarkStep once per step (Pool.MarkStep for a pool's
+// own). A pool whose steps repeat the same Mallocs and Frees learns the
+// step, packs the blocks born and freed within it into one region offline
+// (package arena/plan), and serves later steps from the plan: the k-th
+// Malloc checks its rounded size and stream against the k-th call learned
+// and returns base+offset[k], with no search, split, merge or driver call.
+// The first call that differs sends the rest of the step to the heap. The
+// state machine (unmarked, learning, planned, diverged, off) is described
+// in planned.go; StepStats reports it. planned_steps:False turns it off;
+// without MarkStep nothing changes.
 //
 // # Memory history
 //
@@ -365,9 +403,12 @@
 //     Allocator.grown; not for growths started later, so a goroutine that
 //     grows again and again starves nobody), takes its stream's best fit
 //     if one appeared, and before declaring out-of-memory waits again for
-//     the growths then in flight and retries once, so that two Mallocs do
-//     not both grow for what one growth serves and the memory a failing
-//     growth held is not refused to the other. holdForGrowth
+//     the growths then in flight and retries (the last look, oom.go), so
+//     that two Mallocs do not both grow for what one growth serves and the
+//     memory a failing growth held is not refused to the other. The last
+//     look waits the same way for the releases in flight (releaseRels and
+//     flushUnmaps take a ticket in Allocator.releasesLive for their
+//     window; awaitReleases) and for owned-Buffer collections. holdForGrowth
 //     raises and lowers the handle cache's limit by its own amount, so
 //     overlapping growths each undo only their raise.
 //   - Pool.Sleep and Pool.Wake (sleep.go): mark the pool Sleeping or

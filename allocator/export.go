@@ -40,11 +40,20 @@ func (a *Allocator) spans(ptr uintptr) (size uint64, spans []HandleSpan, err err
 	if ptr == 0 || ptr%minBlockSize != 0 {
 		return 0, nil, a.badPointer(ptr)
 	}
-	id := a.heap.Lookup(ptr)
-	if id == arena.NoBlock {
-		return 0, nil, a.badPointer(ptr)
+	var id arena.BlockID
+	var b arena.BlockInfo
+	if r := a.plannedRegion(ptr); r != nil { // a planned block: its part of the region
+		j := r.liveBlock(ptr)
+		if j < 0 {
+			return 0, nil, r.badPointer(ptr)
+		}
+		id, b = r.id, arena.BlockInfo{Addr: ptr, Size: r.blocks[j].size}
+	} else {
+		if id = a.heap.Lookup(ptr); id == arena.NoBlock {
+			return 0, nil, a.badPointer(ptr)
+		}
+		b, _ = a.heap.Block(id)
 	}
-	b, _ := a.heap.Block(id)
 	if p := a.ownerOf(id).pool; p.asleep {
 		return 0, nil, p.notAwake() // its handles are given back
 	}

@@ -46,30 +46,23 @@ func (a *Allocator) poolRec(p *Pool) *stats.HotCounters {
 }
 
 // limitOOM is the error of a Malloc that pool p's limit stops. mu held.
-func (a *Allocator) limitOOM(p *Pool, cl *sizeClass, rounded, size uint64) error {
-	for _, st := range a.statsOf(p) {
-		st.NumOOMs++
-	}
-	free, _, _ := a.drv.MemGetInfo(a.dev)
+func (a *Allocator) limitOOM(ss *streamState, cl *sizeClass, rounded, size uint64) error {
+	p := ss.pool
+	e := a.newOOM(p, ss, cl, size, rounded, a.growSize(p, cl, rounded))
 	rec := a.poolRec(p)
-	return &OutOfMemoryError{
-		Device:    a.dev,
-		Requested: size,
-		Tried:     a.growSize(p, cl, rounded),
-		Total:     a.total,
-		Free:      free,
-		Allocated: uint64(rec.AllocatedBytes[0].Current),
-		Reserved:  uint64(rec.ReservedBytes[0].Current),
-		Pool:      p.id,
-		PoolName:  p.name,
-		PoolLimit: p.limit,
-	}
+	e.Allocated = uint64(rec.AllocatedBytes[0].Current)
+	e.Reserved = uint64(rec.ReservedBytes[0].Current)
+	e.Allowed = 0 // the pool's limit, not the fraction, stopped it (Room)
+	e.Pool, e.PoolName, e.PoolLimit = p.id, p.name, p.limit
+	a.adviseOOM(e, p)
+	return e
 }
 
 // allocSlow runs when no free block fits: it grows the pool, and on
 // out-of-memory climbs the ladder: release cached handles → wait for
-// pending events and release every free handle and segment → retry → a
-// typed OutOfMemoryError. It returns a free block of ss. mu held.
+// pending events and release every free handle and segment → retry → the
+// last look (oom.go) → a typed OutOfMemoryError. It returns a free block
+// of ss. mu held.
 func (a *Allocator) allocSlow(ss *streamState, cl *sizeClass, rounded, size uint64) (arena.BlockID, error) {
 	if thr := a.cfg.GarbageCollectionThreshold; thr > 0 && a.allowed < a.total {
 		limit := uint64(thr * float64(a.allowed))
@@ -93,22 +86,10 @@ func (a *Allocator) allocSlow(ss *streamState, cl *sizeClass, rounded, size uint
 	if errors.Is(err, errPoolLimit) {
 		// The pool's own limit: only its own free memory can help, and
 		// other pools' is theirs.
-		for _, st := range a.statsOf(ss.pool) {
-			st.NumAllocRetries++
-		}
-		_ = a.releasePool(ss.pool)
-		if !a.owns(ss) {
-			return arena.NoBlock, fmt.Errorf("%w: stream %d was released while a Malloc on it waited", ErrInvalidStream, ss.stream)
-		}
-		if b, _, _ = a.bestFit(ss, cl, rounded); b != arena.NoBlock {
-			return b, nil
-		}
-		if b, err = a.grow(ss, cl, rounded); err == nil || !errors.Is(err, errPoolLimit) && !isOOM(err) {
+		if b, err = a.poolLimitLadder(ss, cl, rounded, size); err == nil || !isOOM(err) || errors.Is(err, ErrOutOfMemory) {
 			return b, err
 		}
-		if errors.Is(err, errPoolLimit) {
-			return arena.NoBlock, a.limitOOM(ss.pool, cl, rounded, size)
-		}
+		// The device, not the pool's limit, is short: the ladder below.
 	}
 	// Rung 1: cached physical handles hold device memory without being mapped.
 	if a.cachedHandleBytes() > 0 {
@@ -125,56 +106,44 @@ func (a *Allocator) allocSlow(ss *streamState, cl *sizeClass, rounded, size uint
 	}
 	// Rung 2: wait for every pending event, release every free handle and
 	// segment (what can be: a failure on one stream does not stop the
-	// others), then retry whatever the release reported.
-	for _, st := range a.statsOf(ss.pool) {
-		st.NumAllocRetries++
-	}
-	rerr := a.releaseAll()
-	if b, _, _ = a.bestFit(ss, cl, rounded); b != arena.NoBlock {
-		return b, nil
-	}
-	if b, err = a.grow(ss, cl, rounded); err == nil || !isOOM(err) {
-		return b, err
-	}
-	if errors.Is(err, errPoolLimit) {
-		return arena.NoBlock, a.limitOOM(ss.pool, cl, rounded, size)
-	}
-	// Memory a growth in flight holds may come back (its map fails) or
-	// leave room; out of memory is declared only with none in flight.
-	if len(a.growths) > 0 {
-		var werr error
-		if b, werr = a.awaitGrowths(ss, cl, rounded); b != arena.NoBlock || werr != nil {
-			return b, werr
+	// others), then retry whatever the release reported. The last look
+	// climbs it again while what other goroutines did meanwhile left
+	// memory to return.
+	var rerr error
+	for try, release := 1, true; ; try++ {
+		if release {
+			for _, st := range a.statsOf(ss.pool) {
+				st.NumAllocRetries++
+			}
+			rerr = a.releaseAll()
+			if b, _, _ = a.bestFit(ss, cl, rounded); b != arena.NoBlock {
+				return b, nil
+			}
 		}
+		before := a.roomNow(ss.pool, cl)
 		if b, err = a.grow(ss, cl, rounded); err == nil || !isOOM(err) {
 			return b, err
 		}
+		if errors.Is(err, errPoolLimit) {
+			// Growths of other goroutines took the pool to its limit
+			// meanwhile: its own ladder, with its last look.
+			if b, err = a.poolLimitLadder(ss, cl, rounded, size); err == nil || !isOOM(err) || errors.Is(err, ErrOutOfMemory) {
+				return b, err
+			}
+		}
+		if try == maxLadderTries {
+			break
+		}
+		var waited bool
+		var werr error
+		if b, waited, release, werr = a.lastLook(ss, cl, rounded, false); b != arena.NoBlock || werr != nil {
+			return b, werr
+		}
+		if !waited && !release && !a.roomNow(ss.pool, cl).more(before) {
+			break
+		}
 	}
-	if errors.Is(err, errPoolLimit) {
-		return arena.NoBlock, a.limitOOM(ss.pool, cl, rounded, size)
-	}
-	for _, st := range a.statsOf(ss.pool) {
-		st.NumOOMs++
-	}
-	free, _, _ := a.drv.MemGetInfo(a.dev)
-	oom := &OutOfMemoryError{
-		Device:          a.dev,
-		Requested:       size,
-		Tried:           a.growSize(ss.pool, cl, rounded),
-		Total:           a.total,
-		Free:            free,
-		Allocated:       uint64(a.st.AllocatedBytes[0].Current),
-		Reserved:        uint64(a.st.ReservedBytes[0].Current),
-		Stranded:        a.strandedBytes(),
-		Owned:           a.owned.bytes.Load(),
-		AsleepAllocated: a.asleepAllocated(),
-		OwnedGC:         a.cfg.OwnedBufferGC,
-	}
-	_, _, held, heldBytes := a.exportedTotals()
-	oom.ExporterHeld, oom.ExporterHeldHandles = uint64(heldBytes), int(held)
-	if a.allowed < a.total {
-		oom.Allowed = a.allowed
-	}
+	oom := a.newOOM(ss.pool, ss, cl, size, rounded, a.growSize(ss.pool, cl, rounded))
 	if errors.Is(err, errNoVA) {
 		oom.AddrSpaceVA = true
 	} else {
@@ -183,7 +152,46 @@ func (a *Allocator) allocSlow(ss *streamState, cl *sizeClass, rounded, size uint
 	if rerr != nil && !isOOM(rerr) {
 		oom.Cause = errors.Join(oom.Cause, rerr) // what the release could not do
 	}
+	a.adviseOOM(oom, ss.pool)
 	return arena.NoBlock, oom
+}
+
+// poolLimitLadder is the ladder of a growth that would take pool ss.pool
+// past its memory limit: release the pool's free memory, retry, and take
+// the last look (oom.go) within the pool, before an OutOfMemoryError
+// whose PoolLimit is set. Any other error is the retried growth's (a
+// device out of memory goes on up the device's ladder). mu held.
+func (a *Allocator) poolLimitLadder(ss *streamState, cl *sizeClass, rounded, size uint64) (arena.BlockID, error) {
+	for try, release := 1, true; ; try++ {
+		if release {
+			for _, st := range a.statsOf(ss.pool) {
+				st.NumAllocRetries++
+			}
+			_ = a.releasePool(ss.pool)
+			if !a.owns(ss) {
+				return arena.NoBlock, fmt.Errorf("%w: stream %d was released while a Malloc on it waited", ErrInvalidStream, ss.stream)
+			}
+			if b, _, _ := a.bestFit(ss, cl, rounded); b != arena.NoBlock {
+				return b, nil
+			}
+		}
+		before := a.roomNow(ss.pool, cl)
+		b, err := a.grow(ss, cl, rounded)
+		if err == nil || !errors.Is(err, errPoolLimit) {
+			return b, err
+		}
+		if try == maxLadderTries {
+			break
+		}
+		var waited bool
+		if b, waited, release, err = a.lastLook(ss, cl, rounded, true); b != arena.NoBlock || err != nil {
+			return b, err
+		}
+		if !waited && !release && !a.roomNow(ss.pool, cl).more(before) {
+			break
+		}
+	}
+	return arena.NoBlock, a.limitOOM(ss, cl, rounded, size)
 }
 
 // owns reports whether ss is still registered with the heap as its
@@ -497,14 +505,18 @@ func (a *Allocator) mapGrowth(sg *seg, p *Pool, off, n uint64, fine bool) error 
 		op  *segment.MapOp
 		err error
 	)
+	piece := sg.class.pageSize // the size of the growth's full pieces, for the reserve
 	if cl := sg.class; p.align != 0 {
 		// Handles of whole alignment units from an aligned start.
+		piece = 0
 		op, err = sg.s.BeginMapLarge(off, n, roundUp(max(cl.handleSize, cl.pageSize), p.align))
 	} else if fine && a.gran < cl.pageSize {
 		// Near the memory limit: granule handles, every free one of which
 		// a later defragmentation or the out-of-memory ladder can unmap.
+		piece = a.gran
 		op, err = sg.s.BeginMapLarge(off, n, a.gran)
 	} else if cl.handleSize > cl.pageSize && n >= cl.handleSize {
+		piece = cl.handleSize
 		op, err = sg.s.BeginMapLarge(off, n, cl.handleSize)
 	} else {
 		op, err = sg.s.BeginMap(off, n)
@@ -541,6 +553,9 @@ func (a *Allocator) mapGrowth(sg *seg, p *Pool, off, n uint64, fine bool) error 
 	}
 	a.grown.Broadcast()
 	if err := sg.s.EndMap(op); err != nil || hookErr == nil {
+		if err == nil && n >= piece {
+			a.kickReserve(sg.class, piece) // restock what the growth took, off its path
+		}
 		return err
 	}
 	// Refused by a hook: roll the mapped range back as a failed map
@@ -689,6 +704,9 @@ func (a *Allocator) dropSeg(sg *seg, mapped uint64) {
 		delete(a.uses, id)
 		a.setHitOff()
 		o.active--
+		if a.regionFreedStats(id) { // a plan region: its planned blocks were counted
+			continue
+		}
 		n := int64(b.Size)
 		for _, st := range a.statsOf(o.pool) {
 			if b.State == arena.Allocated {

@@ -109,6 +109,9 @@ func (a *Allocator) RecordHistory(o HistoryOptions) error {
 		info, _ := a.heap.Region(sg.rid)
 		for id := info.Head; id != arena.NoBlock; id = a.heap.Next(id) {
 			if b, _ := a.heap.Block(id); b.State == arena.Allocated {
+				if a.countPlanned(h, id, b.Stream) {
+					continue // a plan region: its planned blocks are counted
+				}
 				c := h.count(profKey{stream: b.Stream, pool: sg.class.kind})
 				c.allocs++
 				c.allocBytes += int64(b.Size)
@@ -117,7 +120,8 @@ func (a *Allocator) RecordHistory(o HistoryOptions) error {
 	}
 	a.hist = h
 	a.setHitOff()
-	return nil
+	// A planned step diverges: every block gets its stack.
+	return a.stepsEvent(nil, false)
 }
 
 // HistoryRecord is a copy of the recorded memory history.
@@ -214,10 +218,11 @@ func (h *history) callerStack() uint32 {
 		return 0
 	}
 	// Frames: runtime.Callers, callerStack, the hist* hook, the general
-	// path (mallocSlow or freeSlow), the public method (Malloc or Free),
-	// then its caller.
+	// path's body (mallocLocked or freeLocked), the general path
+	// (mallocSlow or freeSlow; learnMalloc for a learning step), the
+	// public method (Malloc or Free), then its caller.
 	clear(h.pcs[:])
-	n := runtime.Callers(5, h.pcs[:])
+	n := runtime.Callers(6, h.pcs[:])
 	if n == 0 {
 		return 0
 	}
@@ -351,12 +356,12 @@ func (a *Allocator) histReserve(classic bool, addr uintptr, bytes int64, owner *
 // an unmap from the old stream, then a map for the new one. Reserved bytes
 // only dip between the two, so replaying the history keeps its peak. mu
 // held.
-func (a *Allocator) histHandOver(addr uintptr, size uint64, from, to backend.Stream, pool PoolID) {
+func (a *Allocator) histHandOver(addr uintptr, size uint64, from, to backend.Stream, fromPool, toPool PoolID) {
 	if a.hist == nil || size == 0 {
 		return
 	}
-	a.hist.record(stats.TraceSegmentUnmap, addr, size, from, 0, pool)
-	a.hist.record(stats.TraceSegmentMap, addr, size, to, 0, pool)
+	a.hist.record(stats.TraceSegmentUnmap, addr, size, from, 0, fromPool)
+	a.hist.record(stats.TraceSegmentMap, addr, size, to, 0, toPool)
 }
 
 // histSleep records pool p's memory given back by Sleep (sleeping) or

@@ -400,6 +400,7 @@ func (a *Allocator) flushUnmaps() error {
 			a.queuedBytes -= e.n
 		}
 		hs := a.hookList()
+		ticket := a.beginRelease()
 		_ = a.waitUnlocked(func() error {
 			reportUnmapped(hs, rs)
 			for _, e := range q {
@@ -409,6 +410,7 @@ func (a *Allocator) flushUnmaps() error {
 			}
 			return nil
 		})
+		a.endRelease(ticket) // waiters wake once the commits below are made
 		var again []SegmentRange
 		for i, e := range q {
 			if e.op == nil {

@@ -44,9 +44,16 @@ import (
 // vanishing and Close reach every pool's memory of s.
 //
 // Growth maps only into unmapped address space (shared) and into free
-// blocks of the growing owner; reclaim and adoption (reclaim.go) move
-// handles only between owners of one pool, so a pool's mapped memory is
-// never handed to another pool. The out-of-memory ladder's rung 2 unmaps
+// blocks of the growing owner; reclaim (reclaim.go) moves handles only
+// between owners of one pool. Adoption does too, but under pressure
+// (pressure.go) a pool's growth also adopts other pools' idle free
+// handles where they are mapped (crossPoolAdoption): whole handles, so a
+// handle still holds blocks of one pool, their reserved bytes moving with
+// them, within the taker's limit, never from a pool asleep, aligned or
+// isolated, and not while segment hooks or exports watch the ranges. Free
+// memory of one pool thus serves another pool's next peak with no driver
+// call, where the ladder would unmap it and the growth map it again in
+// granules. The out-of-memory ladder's rung 2 unmaps
 // the free handles of every pool before it declares out of memory, so no
 // pool starves for memory another pool only caches; a pool's own memory
 // limit is enforced at growth, and a Malloc stopped by it releases only
@@ -168,6 +175,10 @@ type Pool struct {
 	// (mapGrowth), counted against its limit. mu.
 	mapping uint64
 	closed  bool // guarded by mu
+	// cachedAtOpen is, per size class, the bytes the device-wide handle
+	// cache held when the pool was made: Close trims it back to there (or
+	// to its level at Close, if lower). mu.
+	cachedAtOpen [2]uint64
 	// closing: Close is releasing the pool's memory without mu; Mallocs
 	// through it are refused. mu.
 	closing bool
@@ -229,6 +240,7 @@ func (a *Allocator) NewPool(o PoolOptions) (*Pool, error) {
 		id = PoolID{0, a.poolSeq}
 	}
 	p := &Pool{a: a, id: id, name: o.Name, expandable: a.cfg.ExpandableSegments, limit: math.MaxUint64}
+	p.cachedAtOpen = [2]uint64{a.classes[0].cache.Bytes(), a.classes[1].cache.Bytes()}
 	p.recs = [2]*stats.HotCounters{&a.st, &p.st}
 	if p.name == "" {
 		p.name = fmt.Sprintf("pool(%d,%d)", id[0], id[1])
@@ -319,6 +331,18 @@ func (p *Pool) Malloc(size uint64, stream backend.Stream) (uintptr, error) {
 		return a.Malloc(size, stream)
 	}
 	a.mu.Lock()
+	if pl := a.planned; pl != nil && p.slot < len(pl.steps) {
+		if sp := pl.steps[p.slot]; sp != nil && sp.p == p {
+			switch sp.state {
+			case stepPlanned:
+				if addr := a.planMalloc(sp, size, stream); addr != 0 {
+					return addr, nil
+				}
+			case stepLearning:
+				return a.learnMalloc(sp, size, stream)
+			}
+		}
+	}
 	// The cache hit, as Allocator.Malloc's, on the pool's owner of the
 	// stream used last (a closed pool has none).
 	if ss := a.lastS; ss != nil && a.hitOff&(hitClosed|hitPending|hitHistory) == 0 && !p.asleep && size-1 < a.total &&
@@ -487,7 +511,9 @@ func (a *Allocator) Pools() []*Pool {
 // inside a pool, which PyTorch makes a no-op, pytorch#158152): it waits for
 // pending stream events, unmaps the pool's free handles, frees its free
 // classic segments and the cached physical handles. Other pools' memory is
-// untouched.
+// untouched. Of an asleep pool, whose free memory is unmapped already, it
+// gives up the free cache Wake would map back: Wake maps only what holds
+// allocations.
 func (p *Pool) EmptyCache() error {
 	a := p.a
 	a.mu.Lock()
@@ -497,7 +523,11 @@ func (p *Pool) EmptyCache() error {
 	}
 	a.histEmptyCache()
 	p.forgetDefragSlack()
-	err := a.synchronizeAndFreeEvents()
+	err := errors.Join(a.stepsEvent(p, true), a.synchronizeAndFreeEvents())
+	if p.asleep && p.sleep.state == Asleep {
+		// Its free cache is unmapped already: Wake will not map it back.
+		err = errors.Join(err, a.dropFreeRuns(p, p.sleep))
+	}
 	err = errors.Join(err, a.releasePool(p), a.flushUnmaps())
 	return errors.Join(err, a.trimCaches(), a.sweepSegments())
 }
@@ -517,7 +547,12 @@ func (a *Allocator) releasePool(p *Pool) error {
 }
 
 // Close returns the pool's memory to the driver and retires the pool;
-// later calls on it return an error wrapping ErrClosed. Close refuses
+// later calls on it return an error wrapping ErrClosed. The handles of
+// the pool's memory do not stay in the device-wide handle cache
+// (handle_cache_mb): Close trims the cache back to the bytes it held when
+// the pool was made, so the device's free memory is at least what it was
+// then (handles the pool's growth took from the cache are freed, not put
+// back). Close refuses
 // (ErrPoolBusy, changing nothing) while the pool has live allocations,
 // pending frees included: a tensor that outlives its pool stays valid, and
 // is freed with Allocator.Free as usual (pytorch#146431). To wait for
@@ -535,11 +570,17 @@ func (p *Pool) Close() error {
 		return fmt.Errorf("%w: the default pool closes with the allocator", ErrInvalidPool)
 	}
 	a.quiesceWaits()
+	if err := a.poolClosing(p); err != nil {
+		return err
+	}
 	if err := p.live(); err != nil {
 		return err // closed by another Close meanwhile
 	}
 	if p.asleep {
-		return fmt.Errorf("%w: wake it before Close", p.notAwake())
+		// Nothing allocated: nothing to wake; its free cache is given up.
+		if err := a.closeAsleep(p); err != nil {
+			return err
+		}
 	}
 	if n, bytes := p.st.ActiveNow(stats.AllPools); n > 0 {
 		return fmt.Errorf("%w: pool %q has %d allocations (%d bytes) not yet freed", ErrPoolBusy, p.name, n, bytes)
@@ -565,11 +606,25 @@ func (p *Pool) Close() error {
 		}
 	}
 	p.closing = true
+	// The releases unmap the pool's handles into the device-wide handle
+	// caches, as a ReleaseStream of its streams did before: trimmed back
+	// to where they stood when the pool was made (or now, if lower), the
+	// caches give the pool's handles to the driver and keep what was
+	// there before it (TestReturnsMemoryToDriver).
+	cached := [2]uint64{a.classes[0].cache.Bytes(), a.classes[1].cache.Bytes()}
+	for i := range cached {
+		cached[i] = min(cached[i], p.cachedAtOpen[i])
+	}
 	errs := []error{a.releaseStream(p.idle, 0, false)}
 	for _, o := range owners {
 		errs = append(errs, a.releaseStream(o, 0, true))
 	}
 	errs = append(errs, a.flushUnmaps())
+	for i := range a.classes {
+		if hc := a.classes[i].cache; hc.Bytes() > cached[i] {
+			errs = append(errs, hc.TrimBytes(cached[i]))
+		}
+	}
 	err := errors.Join(errs...)
 	left := a.heap.StreamBlocks(p.idle.sid)
 	for _, o := range owners {

@@ -140,25 +140,114 @@ func TestPoolSharesReservations(t *testing.T) {
 	mustCheck(t, a, e)
 }
 
-// TestPoolOOMTakesBackOtherPoolsCache: a pool that cannot grow unmaps the
-// free cached memory of every other pool first (verl#6912).
+// TestPoolOOMTakesBackOtherPoolsCache: a pool that cannot grow takes the
+// free cached memory of every other pool first (verl#6912). Under
+// pressure it adopts their idle handles where they are mapped, with no
+// driver call; with a segment hook attached (hooks report each range with
+// its pool) the out-of-memory ladder unmaps them instead and the growth
+// maps fresh memory after one retry.
 func TestPoolOOMTakesBackOtherPoolsCache(t *testing.T) {
-	a, e := newAlloc(t, "", emulated.WithCapacity(1*gib))
-	p1, err := a.NewPool(PoolOptions{Name: "a"})
-	require.NoError(t, err)
-	p2, err := a.NewPool(PoolOptions{Name: "b"})
-	require.NoError(t, err)
-	x, err := p1.Malloc(700<<20, 0)
-	require.NoError(t, err)
-	require.NoError(t, a.Free(x))
-	assert.Equal(t, uint64(700<<20), p1.MemoryReserved())
-	y, err := p2.Malloc(700<<20, 0)
-	require.NoError(t, err, "p1's cache must be taken back")
-	assert.Zero(t, p1.MemoryReserved())
-	assert.Equal(t, uint64(700<<20), p2.MemoryReserved())
-	assert.Equal(t, int64(1), p2.Stats().NumAllocRetries)
-	mustCheck(t, a, e)
-	require.NoError(t, a.Free(y))
+	for _, tc := range []struct {
+		name    string
+		hook    bool
+		retries int64
+		maps    bool // the second pool's Malloc maps memory
+	}{
+		{"adopted in place", false, 0, false},
+		{"ladder with a hook", true, 1, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			a, e := newAlloc(t, "", emulated.WithCapacity(1*gib))
+			if tc.hook {
+				_, err := a.AddSegmentHook(SegmentHook{Unmapped: func(SegmentRange) {}})
+				require.NoError(t, err)
+			}
+			p1, err := a.NewPool(PoolOptions{Name: "a"})
+			require.NoError(t, err)
+			p2, err := a.NewPool(PoolOptions{Name: "b"})
+			require.NoError(t, err)
+			x, err := p1.Malloc(700<<20, 0)
+			require.NoError(t, err)
+			require.NoError(t, a.Free(x))
+			assert.Equal(t, uint64(700<<20), p1.MemoryReserved())
+			maps := e.Calls(backend.OpMap)
+			before := a.Stats()
+			y, err := p2.Malloc(700<<20, 0)
+			require.NoError(t, err, "p1's cache must be taken back")
+			assert.Zero(t, p1.MemoryReserved())
+			assert.Equal(t, uint64(700<<20), p2.MemoryReserved())
+			assert.Equal(t, tc.retries, p2.Stats().NumAllocRetries)
+			assert.Equal(t, tc.maps, e.Calls(backend.OpMap) > maps)
+			after := a.Stats()
+			// The aggregate counts the hand-over as an unmap and a map: its
+			// current and peak stay.
+			assert.Equal(t, before.ReservedBytes[stats.AllPools].Current, after.ReservedBytes[stats.AllPools].Current)
+			assert.Equal(t, before.ReservedBytes[stats.AllPools].Peak, after.ReservedBytes[stats.AllPools].Peak)
+			mustCheck(t, a, e)
+			require.NoError(t, a.Free(y))
+			mustCheck(t, a, e)
+		})
+	}
+}
+
+// TestPoolAdoptionRules: a pool under pressure adopts another pool's idle
+// handles only where the rules allow: never past its own memory limit,
+// never from a pool that is asleep, and never while the device has room
+// (no pressure), where each pool keeps its cache.
+func TestPoolAdoptionRules(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		size    uint64 // of the first pool's freed allocation
+		limit   uint64 // the second pool's memory limit (0: none)
+		held    uint64 // the second pool's live bytes before the request
+		sleep   bool   // the first pool sleeps before the second grows
+		adopted bool
+	}{
+		{"under pressure", 700 << 20, 0, 0, false, true},
+		{"room left", 200 << 20, 0, 0, false, false},
+		{"past the taker's limit", 700 << 20, 450 << 20, 200 << 20, false, false},
+		{"lender asleep", 700 << 20, 0, 0, true, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			a, e := newAlloc(t, "", emulated.WithCapacity(1*gib))
+			p1, err := a.NewPool(PoolOptions{Name: "a"})
+			require.NoError(t, err)
+			p2, err := a.NewPool(PoolOptions{Name: "b", MemoryLimit: tc.limit})
+			require.NoError(t, err)
+			x, err := p1.Malloc(tc.size, 0)
+			require.NoError(t, err)
+			require.NoError(t, a.Free(x))
+			if tc.held > 0 {
+				_, err := p2.Malloc(tc.held, 0)
+				require.NoError(t, err)
+			}
+			if tc.sleep {
+				require.NoError(t, p1.Sleep(SleepOptions{}))
+			}
+			lent := p1.MemoryReserved()
+			y, err := p2.Malloc(300<<20, 0)
+			switch {
+			case tc.limit != 0:
+				var oom *OutOfMemoryError
+				require.ErrorAs(t, err, &oom)
+				assert.Equal(t, tc.limit, oom.PoolLimit)
+				assert.Equal(t, lent, p1.MemoryReserved(), "p1 keeps its cache")
+			case tc.adopted:
+				require.NoError(t, err)
+				assert.Equal(t, lent-300<<20, p1.MemoryReserved(), "p2 took whole handles worth its request")
+			default:
+				require.NoError(t, err)
+				if !tc.sleep {
+					assert.Equal(t, lent, p1.MemoryReserved(), "p1 keeps its cache")
+				}
+			}
+			mustCheck(t, a, e)
+			if err == nil {
+				require.NoError(t, a.Free(y))
+				mustCheck(t, a, e)
+			}
+		})
+	}
 }
 
 func TestPoolMemoryLimit(t *testing.T) {

@@ -392,6 +392,7 @@ func (a *Allocator) releaseRels(ss *streamState, rels []arena.BlockID) error {
 			rs = append(rs, a.segRange(a.segOf[info.Region], ss.pool, info.Addr, info.Size))
 		}
 	}
+	ticket := a.beginRelease()
 	err := a.waitUnlocked(func() error {
 		if err := a.drv.StreamSynchronize(s); err != nil {
 			return err
@@ -404,6 +405,8 @@ func (a *Allocator) releaseRels(ss *streamState, rels []arena.BlockID) error {
 		}
 		return nil
 	})
+	// Waiters wake only once mu is dropped again, after the commits below.
+	a.endRelease(ticket)
 	if err != nil {
 		for i, rel := range rels {
 			if ops[i] != nil {
@@ -653,7 +656,7 @@ func (a *Allocator) EmptyCache() error {
 			p.forgetDefragSlack()
 		}
 	}
-	return a.releaseAll()
+	return errors.Join(a.stepsEvent(nil, true), a.releaseAll())
 }
 
 // Synchronize waits for the work queued on stream (0 = the default stream),

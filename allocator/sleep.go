@@ -10,6 +10,7 @@ import (
 	"github.com/vmmalloc/vmmalloc/arena"
 	"github.com/vmmalloc/vmmalloc/backend"
 	"github.com/vmmalloc/vmmalloc/segment"
+	"github.com/vmmalloc/vmmalloc/stats"
 )
 
 // Sleep and wake of a pool (vLLM's sleep mode, torch_memory_saver's
@@ -20,7 +21,9 @@ import (
 //	           Sleep                         (asleep: Malloc → ErrPoolAsleep,
 //	awake ───────────────▶ sleeping ───────▶ asleep  RecordStream refused,
 //	  ▲   wait for the pool's   back up, unmap,  │     Free works and drops
-//	  │   streams               free handles     │     the block's backup)
+//	  │   streams               free handles     │     the block's backup,
+//	  │                                          │     Close works once
+//	  │                                          │     nothing is allocated)
 //	  │                                          │ Wake
 //	  └──────────────────── waking ◀─────────────┘
 //	      restore backups,         create handles, map them at
@@ -46,9 +49,12 @@ import (
 // Wake unmap whole handles as before; the backups of its allocated blocks
 // (Offload), keyed by address. Its reserved bytes drop by what it
 // unmapped (Stats: AsleepBytes), so the memory fraction cap and every
-// other pool see the memory free at once. Releases (EmptyCache, the
-// out-of-memory ladder, Synchronize, ReleaseStream, reclaim) skip a pool
-// that is not awake (releasable, releaseBlock).
+// other pool see the memory free at once. Releases (Allocator.EmptyCache,
+// the out-of-memory ladder, Synchronize, ReleaseStream, reclaim) skip a
+// pool that is not awake (releasable, releaseBlock); the pool's own
+// EmptyCache, Wake without room for it and Close forget its free cache
+// (dropFreeRuns: runs holding only free blocks become unmapped address
+// space in the heap, no driver call but the free of a kept handle).
 //
 // Locking: Sleep and Wake make their driver calls with Allocator.mu
 // dropped (waitUnlocked), as a growth does (mapGrowth): Sleep's stream
@@ -115,7 +121,33 @@ const (
 	// at Wake (weights). vLLM's level 1 for offload_tags;
 	// torch_memory_saver's enable_cpu_backup=True.
 	Offload
+	// Memset drops the contents as Discard does, and Wake zero-fills the
+	// pool's memory (a Memset on the restore stream) before it returns:
+	// after Wake every byte of the pool reads 0. TensorRT-LLM's MEMSET
+	// restore mode; for a framework that relies on zeroed buffers (a
+	// paged KV cache's block table) across a sleep. The fill is the
+	// driver's (backend.Copier's Memset): a Wake whose fill fails leaves
+	// the pool asleep and returns the driver's error, as a failed restore
+	// does.
+	Memset
 )
+
+func (m SleepMode) String() string {
+	switch m {
+	case Discard:
+		return "discard"
+	case Offload:
+		return "offload"
+	case Memset:
+		return "memset"
+	}
+	return fmt.Sprintf("SleepMode(%d)", int(m))
+}
+
+// PoisonByte is the byte SleepOptions.Poison fills discarded memory with
+// at Wake: a float32 or bfloat16 of 0xFF bytes is a NaN, an integer -1,
+// so a framework that reads memory it discarded finds out.
+const PoisonByte = 0xFF
 
 // HostAllocator is the pinned host memory backups are made in: a
 // *host.Allocator (package allocator/host) satisfies it. Its Malloc must
@@ -137,11 +169,20 @@ type SleepOptions struct {
 	// Sleep to copy into without allocating (torch_memory_saver's
 	// retained backups: fast re-sleep, at the cost of host memory the
 	// size of the backups while awake). false gives them back at Wake.
-	// Buffers kept and not used by a Sleep are given back at its end.
+	// A kept buffer is used by a backup of exactly its size (the same
+	// tensors slept again); buffers kept and not used by a Sleep are
+	// given back at its end, so the host memory kept is never more than
+	// the last sleep's backups.
 	KeepHostBuffers bool
 	// Stream is the stream the copies are made on (0: the default
 	// stream). The pool's own streams are synchronized first either way.
 	Stream backend.Stream
+	// Poison (a debug option) makes Wake fill the memory whose contents
+	// the sleep discarded with PoisonByte before it returns: in Discard,
+	// the pool's whole memory; in Offload, all but the restored backups
+	// (the free cache, the bytes past each block's requested size, the
+	// blocks freed while asleep). Not with Memset, which zero-fills.
+	Poison bool
 }
 
 var (
@@ -247,14 +288,19 @@ func (p *Pool) notAwake() error {
 //
 // Until Wake: the pool's Malloc and RecordStream on its memory return
 // ErrPoolAsleep before they look at their other arguments (so with no
-// driver call); Free of its pointers works (and drops the backup); the
-// pointers must not be used by device work.
+// driver call); Free of its pointers works, and the Free of the last
+// block a backup holds gives the backup's host memory back at once
+// (TestSleepFreeReleasesBackup); the pointers must not be used by device
+// work. Close of an asleep pool with nothing allocated needs no Wake.
 //
-// Wake maps back every handle Sleep unmapped, free cache included, so a
-// pool that sleeps between steps of the same shape wakes with no growth to
-// do. To give the free cache back for good instead, call EmptyCache
-// before Sleep: Wake then maps only the handles that hold allocations
-// (TestEmptyCacheBeforeSleep).
+// Wake maps back every handle Sleep unmapped, free cache included where
+// the device has room, so a pool that sleeps between steps of the same
+// shape wakes with no growth to do. The free cache is optional: a device
+// without room for it still wakes the handles that hold allocations
+// (TestWakeFreeCacheOptional). To give the free cache back for good,
+// call EmptyCache before Sleep, or the pool's EmptyCache while it is
+// asleep (Allocator.EmptyCache skips an asleep pool): Wake then maps only
+// the handles that hold allocations (TestEmptyCacheBeforeSleep).
 //
 // On error the pool is awake as before, its memory mapped with its
 // contents, except where the error wraps segment.ErrHandleNotFreed: the
@@ -285,25 +331,28 @@ func (p *Pool) Sleep(o SleepOptions) error {
 	if !p.expandable {
 		return fmt.Errorf("%w: pool %q: sleep needs expandable segments", ErrInvalidPool, p.name)
 	}
-	if o.Mode != Discard && o.Mode != Offload {
+	if o.Mode != Discard && o.Mode != Offload && o.Mode != Memset {
 		return fmt.Errorf("%w: SleepOptions.Mode: %d", ErrInvalidConfig, o.Mode)
+	}
+	if o.Poison && o.Mode == Memset {
+		return fmt.Errorf("%w: SleepOptions.Poison with Memset: the memory is zero-filled", ErrInvalidConfig)
 	}
 	if o.Host != nil && !reflect.TypeOf(o.Host).Comparable() {
 		// Buffers are matched to their allocator by ==.
 		return fmt.Errorf("%w: SleepOptions.Host: %T is not comparable (use a pointer)", ErrInvalidConfig, o.Host)
 	}
 	var c backend.Copier
-	if o.Mode == Offload {
+	if o.Mode != Discard || o.Poison {
 		var ok bool
 		if c, ok = a.drv.(backend.Copier); !ok {
-			return fmt.Errorf("%w: the %s driver cannot copy (backend.Copier), so it cannot offload: %w", ErrInvalidConfig, a.drv.Name(), backend.ErrNotSupported)
+			return fmt.Errorf("%w: the %s driver cannot copy or set memory (backend.Copier), so it cannot %s: %w", ErrInvalidConfig, a.drv.Name(), o.Mode, backend.ErrNotSupported)
 		}
 	}
 	s := o.Stream
 	if s == 0 {
 		s = a.defaultS
 	}
-	if o.Mode == Offload {
+	if c != nil {
 		if _, err := a.stream(s); err != nil {
 			return err
 		}
@@ -312,6 +361,7 @@ func (p *Pool) Sleep(o SleepOptions) error {
 		p.sleep = &poolSleep{}
 	}
 	sl := p.sleep
+	_ = a.stepsEvent(p, false) // the step diverges; the plan serves again after Wake
 	sl.state, sl.opts = Sleeping, o
 	p.asleep = true
 	a.setSleepOff()
@@ -569,7 +619,12 @@ func (a *Allocator) spareBufs(sl *poolSleep, bufs []*hostBuf) {
 // it returns. Then every pointer of the pool works as before; discarded
 // contents are undefined.
 //
-// If the memory cannot be had, Wake returns an *OutOfMemoryError; on any
+// The free cache is optional: if the device has no room for the whole
+// pool even after the out-of-memory ladder took back other pools' free
+// memory, the free cache is given up (as the pool's EmptyCache would)
+// and only the handles that hold allocations are mapped; a pool with
+// nothing allocated then maps nothing. If the memory cannot be had, Wake returns an
+// *OutOfMemoryError; on any
 // error the pool stays asleep with every backup intact and nothing
 // leaked, and Wake can be called again. Wake of an awake pool returns
 // ErrPoolAwake, during another Sleep or Wake ErrSleepInProgress.
@@ -606,23 +661,43 @@ func (p *Pool) Wake() error {
 // held (dropped in windows).
 func (a *Allocator) wake(p *Pool, sl *poolSleep) error {
 	total := sl.bytes[0] + sl.bytes[1]
-	if a.overCap(total) {
-		_ = errors.Join(a.trimCaches(), a.releaseAll())
-		if a.overCap(total) {
-			return a.wakeOOM(p, total, nil)
-		}
-	}
-	oom, err := a.wakeRuns(p, sl, total)
-	if oom {
+	ladder := func() {
 		// The ladder: cached handles, then every awake pool's free
 		// memory (releaseAll skips pools that are not awake).
 		for _, st := range a.statsOf(p) {
 			st.NumAllocRetries++
 		}
 		_ = errors.Join(a.trimCaches(), a.releaseAll())
-		if oom, err = a.wakeRuns(p, sl, total); oom {
-			return a.wakeOOM(p, total, err)
+	}
+	// dropCache gives the free cache up (as the pool's EmptyCache
+	// would): what is left holds allocations. It reports whether there
+	// was any to give up.
+	dropCache := func() bool {
+		if a.freeRuns(sl) == 0 {
+			return false
 		}
+		_ = a.dropFreeRuns(p, sl)
+		total = sl.bytes[0] + sl.bytes[1]
+		return true
+	}
+	if a.overCap(total) {
+		ladder()
+		if a.overCap(total) && (!dropCache() || a.overCap(total)) {
+			return a.wakeOOM(p, total, nil)
+		}
+	}
+	// Everything, then after the ladder everything again, then only what
+	// holds allocations: the free cache is optional.
+	oom, err := a.wakeRuns(p, sl, total)
+	if oom {
+		ladder()
+		oom, err = a.wakeRuns(p, sl, total)
+	}
+	if oom && dropCache() {
+		oom, err = a.wakeRuns(p, sl, total)
+	}
+	if oom {
+		return a.wakeOOM(p, total, err)
 	}
 	if err != nil {
 		var hk *SegmentHookError
@@ -682,6 +757,7 @@ func (a *Allocator) wakeRuns(p *Pool, sl *poolSleep, total uint64) (oom bool, er
 	runs := slices.Clone(sl.runs) // read without mu
 	fresh := make([]backend.Handle, n)
 	c, _ := a.drv.(backend.Copier)
+	opts := sl.opts
 	s := sl.opts.Stream
 	if s == 0 {
 		s = a.defaultS
@@ -723,6 +799,16 @@ func (a *Allocator) wakeRuns(p *Pool, sl *poolSleep, total uint64) (oom bool, er
 				}
 				if merr := m.Run(h); merr != nil {
 					return nil, merr
+				}
+			}
+			if fill, ok := wakeFill(opts); ok {
+				// Before the restores, on their stream: what is not
+				// restored reads fill.
+				for _, r := range runs {
+					va := r.sg.base + uintptr(r.off)
+					if merr := c.Memset(va, fill, r.size, s); merr != nil {
+						return nil, fmt.Errorf("fill [%#x, +%#x) with %#x: %w", va, r.size, fill, merr)
+					}
 				}
 			}
 			for _, t := range todo {
@@ -787,6 +873,19 @@ func (a *Allocator) wakeRuns(p *Pool, sl *poolSleep, total uint64) (oom bool, er
 	return false, nil
 }
 
+// wakeFill is the byte Wake fills a pool slept with o with before it
+// restores the backups: 0 for Memset, PoisonByte for Poison; ok is false
+// when nothing is filled.
+func wakeFill(o SleepOptions) (fill byte, ok bool) {
+	switch {
+	case o.Mode == Memset:
+		return 0, true
+	case o.Poison:
+		return PoisonByte, true
+	}
+	return 0, false
+}
+
 // wakeRanges are the ranges Wake reports Mapped: pool p's memory as
 // poolRanges finds it, with the handles of sl's runs. mu held.
 func (a *Allocator) wakeRanges(p *Pool, sl *poolSleep) []SegmentRange {
@@ -840,27 +939,9 @@ const rollbackTries = 3
 
 // wakeOOM is the error of a Wake the device has no memory for. mu held.
 func (a *Allocator) wakeOOM(p *Pool, total uint64, cause error) error {
-	for _, st := range a.statsOf(p) {
-		st.NumOOMs++
-	}
-	free, _, _ := a.drv.MemGetInfo(a.dev)
-	oom := &OutOfMemoryError{
-		Device:          a.dev,
-		Requested:       total,
-		Tried:           total,
-		Total:           a.total,
-		Free:            free,
-		Allocated:       uint64(a.st.AllocatedBytes[0].Current),
-		Reserved:        uint64(a.st.ReservedBytes[0].Current),
-		Stranded:        a.strandedBytes(),
-		AsleepAllocated: a.asleepAllocated(),
-		Pool:            p.id,
-		PoolName:        p.name,
-		Cause:           cause,
-	}
-	if a.allowed < a.total {
-		oom.Allowed = a.allowed
-	}
+	oom := a.newOOM(p, nil, nil, total, 0, total)
+	oom.Pool, oom.PoolName, oom.Cause = p.id, p.name, cause
+	a.adviseOOM(oom, p)
 	return oom
 }
 
@@ -883,21 +964,21 @@ func (a *Allocator) countSlept(p *Pool, sl *poolSleep, sign int64) {
 	}
 }
 
-// takeSpare takes the smallest spare buffer of host of at least n bytes,
-// or returns nil. mu held.
+// takeSpare takes a spare buffer of host of exactly the size a backup of
+// n bytes is made in (newHostBuf's), or returns nil. Exactly: a larger
+// buffer taken for a smaller backup would stay larger than what it holds
+// across every later sleep, and the host memory kept would ratchet up to
+// the largest backup ever made (TestSleepWakeEndurance); the same tensors
+// slept again, the case KeepHostBuffers is for, find theirs. mu held.
 func (sl *poolSleep) takeSpare(n uint64, host HostAllocator) *hostBuf {
-	best := -1
+	size := max(n, 1)
 	for i, b := range sl.spare {
-		if b.host == host && b.size >= n && (best < 0 || b.size < sl.spare[best].size) {
-			best = i
+		if b.host == host && b.size == size {
+			sl.spare = slices.Delete(sl.spare, i, i+1)
+			return b
 		}
 	}
-	if best < 0 {
-		return nil
-	}
-	b := sl.spare[best]
-	sl.spare = slices.Delete(sl.spare, best, best+1)
-	return b
+	return nil
 }
 
 // newHostBuf allocates a buffer of n bytes (at least 1) from host, or in
@@ -943,14 +1024,17 @@ func (a *Allocator) freeSpares(sl *poolSleep) error {
 
 // dropBackup forgets the backup of the block at ptr of a sleeping pool,
 // which Free has just freed; once no block of its run is left, the run's
-// buffer goes to the spares (a copy may still be reading it) and Wake
-// restores nothing there. A run with blocks left is restored whole, the
-// freed block's bytes with it (they are undefined anyway). mu held.
-func (a *Allocator) dropBackup(p *Pool, ptr uintptr) {
+// buffer goes to the spares and Wake restores nothing there. A run with
+// blocks left is restored whole, the freed block's bytes with it (they
+// are undefined anyway). It reports whether the pool is Asleep with
+// spares to give back: Free then gives them back (freeSpares) before it
+// returns; while Waking a copy may still read the buffer, and the end of
+// the Wake gives it back. mu held.
+func (a *Allocator) dropBackup(p *Pool, ptr uintptr) bool {
 	sl := p.sleep
 	i, ok := sl.backupOf[ptr]
 	if !ok {
-		return
+		return false
 	}
 	delete(sl.backupOf, ptr)
 	r := &sl.backups[i]
@@ -958,6 +1042,114 @@ func (a *Allocator) dropBackup(p *Pool, ptr uintptr) {
 		sl.spare = append(sl.spare, r.buf)
 		r.buf = nil
 	}
+	return sl.state == Asleep && len(sl.spare) > 0
+}
+
+// runHolds reports whether run r of an asleep pool holds a block that is
+// not free (allocated, or pending free): one Wake must map. mu held.
+func (a *Allocator) runHolds(r sleptRun) bool {
+	lo := r.sg.base + uintptr(r.off)
+	hi := lo + uintptr(r.size)
+	for id := a.heap.Find(lo); id != arena.NoBlock; id = a.heap.Next(id) {
+		b, _ := a.heap.Block(id)
+		if b.Addr >= hi {
+			break
+		}
+		if b.State != arena.Free {
+			return true
+		}
+	}
+	return false
+}
+
+// freeRuns counts the runs of sl that hold only free blocks (the free
+// cache Wake maps back when it can). mu held.
+func (a *Allocator) freeRuns(sl *poolSleep) int {
+	n := 0
+	for _, r := range sl.runs {
+		if !a.runHolds(r) {
+			n++
+		}
+	}
+	return n
+}
+
+// dropFreeRuns gives up the free cache of asleep pool p: every run that
+// holds only free blocks is forgotten, its address space made unmapped in
+// the heap as a release leaves it (its physical memory went at Sleep), a
+// handle kept for it (its free failed) freed. A run whose kept handle
+// cannot be freed stays, for Wake to map; the error says so. Wake then
+// maps only the handles that hold allocations. mu held.
+func (a *Allocator) dropFreeRuns(p *Pool, sl *poolSleep) error {
+	var errs []error
+	var touched []*seg
+	keep := sl.runs[:0]
+	for _, r := range sl.runs {
+		if a.runHolds(r) {
+			keep = append(keep, r)
+			continue
+		}
+		if r.held != 0 {
+			if err := a.drv.FreePhysical(r.held); err != nil {
+				errs = append(errs, fmt.Errorf("vmmalloc: pool %q: %w: handle at %#x kept for Wake: %w", p.name, segment.ErrHandleNotFreed, r.sg.base+uintptr(r.off), err))
+				keep = append(keep, r)
+				continue
+			}
+			a.counters.HandlesFreed++
+		}
+		lo := r.sg.base + uintptr(r.off)
+		hi := lo + uintptr(r.size)
+		for at := lo; at < hi; {
+			id := a.heap.Find(at)
+			b, _ := a.heap.Block(id)
+			if id == arena.NoBlock || b.State != arena.Free {
+				return errors.Join(append(errs, fmt.Errorf("%w: pool %q asleep: %#x in its free run is not a free block", ErrCorrupt, p.name, at))...)
+			}
+			end := min(b.End(), hi)
+			rel, err := a.heap.BeginRelease(id, uint64(at-b.Addr), uint64(end-at))
+			if err == nil {
+				_, err = a.heap.CommitRelease(rel, uint64(end-at))
+			}
+			if err != nil {
+				return errors.Join(append(errs, fmt.Errorf("%w: %w", ErrCorrupt, err))...)
+			}
+			at = end
+		}
+		sl.bytes[r.sg.class.idx] -= r.size
+		if !slices.Contains(touched, r.sg) {
+			touched = append(touched, r.sg)
+		}
+	}
+	clear(sl.runs[len(keep):])
+	sl.runs = keep
+	for _, sg := range touched {
+		a.maybeDropEmpty(sg)
+	}
+	return errors.Join(errs...)
+}
+
+// closeAsleep readies asleep pool p, with nothing allocated, for Close:
+// its free cache is given up (dropFreeRuns), and, nothing left to map, it
+// is awake without a driver call but the frees of what it kept. mu held.
+func (a *Allocator) closeAsleep(p *Pool) error {
+	sl := p.sleep
+	if sl.state != Asleep {
+		return fmt.Errorf("%w: pool %q is %s", ErrSleepInProgress, p.name, sl.state)
+	}
+	if n, bytes := p.st.ActiveNow(stats.AllPools); n > 0 {
+		return fmt.Errorf("%w: pool %q has %d allocations (%d bytes) not yet freed: free them, or wake it, before Close", p.notAwake(), p.name, n, bytes)
+	}
+	if err := a.dropFreeRuns(p, sl); err != nil {
+		return err
+	}
+	if len(sl.runs) > 0 { // cannot be: dropFreeRuns failed otherwise
+		return fmt.Errorf("%w: pool %q asleep with nothing allocated keeps %d runs", ErrCorrupt, p.name, len(sl.runs))
+	}
+	sl.state = Awake
+	p.asleep = false
+	a.setSleepOff()
+	a.countSlept(p, sl, +1)
+	return a.dropSleep(p)
 }
 
 // exportedIn reports whether a handle of pool p is exported. mu held.

@@ -134,6 +134,9 @@ func (a *Allocator) ReleaseStream(s backend.Stream) error {
 	// and no such work. Each block queues at most one event and is freed
 	// at most once, and no Malloc on s starts meanwhile, so the loop
 	// ends.
+	if err := a.stepsStream(s); err != nil {
+		return err
+	}
 	ss.releasing = true
 	if a.lastS == ss {
 		a.lastS = nil // the fast path of stream() must not find it

@@ -35,7 +35,7 @@ func BenchmarkMallocFree(b *testing.B) {
 			p, err := a.Malloc(4096, 0)
 			require.NoError(b, err)
 			require.NoError(b, a.Free(p))
-			calls := e.CallCounts()
+			calls, sim0 := e.CallCounts(), e.SimulatedTime()
 			b.ReportAllocs()
 			b.ResetTimer()
 			for i := 0; i < b.N; i++ {
@@ -49,6 +49,7 @@ func BenchmarkMallocFree(b *testing.B) {
 			}
 			b.StopTimer()
 			after := e.CallCounts()
+			b.ReportMetric(float64((e.SimulatedTime()-sim0).Nanoseconds())/float64(b.N), "sim-driver-ns/op")
 			var n int64
 			for op := range after {
 				n += after[op] - calls[op]

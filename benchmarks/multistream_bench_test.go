@@ -36,6 +36,7 @@ func BenchmarkMultiStreamWorkload(b *testing.B) {
 			steps := float64(workload.DefaultMultiStreamConfig().Steps)
 			b.ReportMetric(float64(r.PeakReserved)/float64(r.PeakLive), "reserved/live")
 			b.ReportMetric(float64(r.DriverCallsTotal)/steps, "driver-calls/step")
+			b.ReportMetric(float64(r.SimDriverTime.Microseconds())/steps, "sim-driver-µs/step")
 			// From Mark 1 to the end: every step but the first.
 			b.ReportMetric(float64(r.SteadyDriverCalls)/(steps-1), "warm-driver-calls/step")
 			b.ReportMetric(float64(len(events))*float64(b.N)/b.Elapsed().Seconds(), "events/s")
@@ -54,8 +55,8 @@ func TestMultiStreamWorkloadTargets(t *testing.T) {
 	for _, mode := range multiStreamModes {
 		r := replaySteps(t, events, mode.conf, 1)
 		ratios[mode.name] = float64(r.PeakReserved) / float64(r.PeakLive)
-		t.Logf("%-22s reserved/live %.4f, %d driver calls (%d after the first step)",
-			mode.name, ratios[mode.name], r.DriverCallsTotal, r.SteadyDriverCalls)
+		t.Logf("%-22s reserved/live %.4f, %d driver calls (%d after the first step), %v simulated driver time",
+			mode.name, ratios[mode.name], r.DriverCallsTotal, r.SteadyDriverCalls, r.SimDriverTime)
 	}
 	assert.LessOrEqual(t, ratios["expandable"], 1.10)
 	assert.Greater(t, ratios["expandable-per-stream"], 2.0)

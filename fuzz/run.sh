@@ -20,11 +20,11 @@ shift || true
 if [ "$#" -gt 0 ]; then
 	targets=("$@")
 else
-	targets=(FuzzAllocator FuzzAllocatorConfig FuzzRealMemory FuzzParseConfig FuzzHistory FuzzPinnedHost)
+	targets=(FuzzAllocator FuzzAllocatorConfig FuzzRealMemory FuzzParseConfig FuzzHistory FuzzPlannedSteps FuzzPinnedHost)
 	# The trace readers (fuzz/readers_test.go): untrusted files.
 	targets+=(FuzzPickle FuzzPyTorchSnapshot FuzzRMMLog FuzzBinaryTrace FuzzTextTrace)
 	# Targets that live beside the code they fuzz.
-	targets+=(./benchmarks/pickle:FuzzDecode ./allocator/host:FuzzHostAllocator ./stats/memviz:FuzzSettingValues ./arena:FuzzHeap ./allocator/ipc:FuzzDescriptor ./arena/plan:FuzzPack)
+	targets+=(./benchmarks/pickle:FuzzDecode ./allocator/host:FuzzHostAllocator ./stats/memviz:FuzzSettingValues ./arena:FuzzHeap ./allocator/ipc:FuzzDescriptor ./arena/plan:FuzzPack ./backend/emulated:FuzzCostProfile)
 fi
 
 cd "$(dirname "$0")/.."

@@ -289,3 +289,119 @@ func TestEventFailureDoesNotFreeEarly(t *testing.T) {
 		})
 	}
 }
+
+// sleepSweepWorkload is a fixed program of sleeps and wakes of the
+// default pool over real memory: each round allocates blocks of several
+// sizes (some with work on another stream), frees some, sleeps in another
+// mode (Offload to pinned memory, Discard, Offload keeping the host
+// buffers, Offload to Go memory), frees a block and tries a Malloc while
+// asleep, wakes, and sleeps and wakes once more with the buffers it kept.
+func sleepSweepWorkload() []byte {
+	rng := rand.New(rand.NewPCG(2026, 5))
+	p := &prog{}
+	// Up to 1.5 MiB each, about 8 MiB live at most: the backups fit the
+	// harness's 16 MiB of pinned host memory.
+	classes := []byte{szTiny, szSmall, szBoundary, szJustLarge}
+	modes := []byte{sleepOffload | sleepPinned, 0, sleepOffload | sleepPinned | sleepKeep, sleepOffload}
+	for round, mode := range modes {
+		for i := 0; i < 6; i++ {
+			st := streamDefault
+			if i%3 == 1 {
+				st = 1 | launch
+			}
+			p.malloc(classes[rng.IntN(len(classes))], uint16(rng.IntN(8192)), st)
+		}
+		p.free(byte(rng.IntN(256))).free(byte(rng.IntN(256)))
+		p.completeAll().sleep(0, mode)
+		p.free(byte(rng.IntN(256))).malloc(szTiny, 1, streamDefault) // refused: asleep
+		p.wake(0)
+		if round%2 == 0 {
+			p.completeAll().sleep(0, mode).wake(0).wake(0) // a duplicate wake is refused
+		}
+	}
+	for i := 0; i < 40; i++ {
+		p.free(0)
+	}
+	p.completeAll().emptyCache()
+	return p.b
+}
+
+// sweepPairOps are the calls sleep and wake make that the two-fault sweep
+// fails, two at a time.
+var sweepPairOps = []struct {
+	op   backend.Op
+	kind error
+}{
+	{backend.OpCreate, backend.ErrOutOfMemory},
+	{backend.OpMap, backend.ErrUnavailable},
+	{backend.OpSetAccess, backend.ErrUnavailable},
+	{backend.OpUnmap, backend.ErrUnavailable},
+	{backend.OpFree, backend.ErrUnavailable},
+	{backend.OpMemcpy, backend.ErrUnavailable},
+	{backend.OpMallocHost, backend.ErrOutOfMemory},
+	{backend.OpStreamSync, backend.ErrUnavailable},
+}
+
+// TestFaultSweepTwoFaults runs sleepSweepWorkload with two faults armed
+// at once, for every pair of sweepPairOps (an op with itself: two
+// consecutive calls, the second often a rollback's or a retry's), at call
+// numbers sampled over the clean run's: every Sleep and Wake succeeds or
+// answers a typed error, leaves the pool awake or asleep and never part
+// mapped (the harness's model and Check after every operation, the
+// contents of offloaded blocks checked after every wake), and after Close
+// the emulator holds nothing. Bounded: 3 call numbers per op, about 300
+// runs of a 100-operation program (with -short or -race the middle call
+// of each, about 40 runs).
+func TestFaultSweepTwoFaults(t *testing.T) {
+	work := sleepSweepWorkload()
+	hc := harnessConfig{conf: realConfigs[0], capacity: 32 * mib, real: true, streams: 2, manual: true}
+	clean := newHarness(t, hc)
+	clean.keepTrace = true
+	clean.maxOps = len(work)
+	clean.run(work)
+	tr := strings.Join(clean.trace, "\n")
+	require.Contains(t, tr, "Sleep(pool 0, mode 1, pinned true, keep true)")
+	require.Contains(t, tr, "in asleep pool 0")
+	clean.closeArmed()
+	counts := clean.e.CallCounts()
+	// Call numbers sampled per op; 1: the middle call.
+	limit := 3
+	if testing.Short() || raceEnabled {
+		limit = 1
+	}
+	ks := func(op backend.Op) []int {
+		if limit == 1 {
+			return []int{(int(counts[op]) + 1) / 2}
+		}
+		return sampleKs(int(counts[op]), limit)
+	}
+	for i, f := range sweepPairOps {
+		require.Positive(t, counts[f.op], "the workload never calls %v", f.op)
+		for _, g := range sweepPairOps[i:] {
+			t.Run(fmt.Sprintf("%v+%v", f.op, g.op), func(t *testing.T) {
+				t.Parallel()
+				fired := 0
+				for _, k1 := range ks(f.op) {
+					k2s := ks(g.op)
+					if f.op == g.op {
+						k2s = []int{k1 + 1, k1 + 2}
+					}
+					for _, k2 := range k2s {
+						h := newHarness(t, hc)
+						h.maxOps = len(work)
+						h.quietUntilFault = true
+						h.fullEvery = 10
+						h.arm(f.op, k1, f.kind)
+						h.arm(g.op, k2, g.kind)
+						h.run(work)
+						if h.firedAny {
+							fired++
+						}
+						h.closeArmed()
+					}
+				}
+				require.Positive(t, fired, "no fault of %v or %v fired", f.op, g.op)
+			})
+		}
+	}
+}

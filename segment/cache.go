@@ -213,3 +213,20 @@ func (hc *HandleCache) put(h backend.Handle, size uint64) error {
 	hc.c.HandlesFreed++
 	return nil
 }
+
+// Add caches h, an unmapped handle of size bytes created by the caller
+// (the allocator's background reserve), as an Unmap would: kept if the
+// cache holds its size and the budget has room, freed to the driver
+// otherwise. If that FreePhysical fails the handle is cached anyway
+// (Trim retries it) and the error is returned.
+func (hc *HandleCache) Add(h backend.Handle, size uint64) error {
+	if !hc.holds(size) {
+		if err := hc.drv.FreePhysical(h); err != nil {
+			hc.restore(h, size)
+			return fmt.Errorf("%w: handle %#x kept in the handle cache: %w", ErrHandleNotFreed, uint64(h), err)
+		}
+		hc.c.HandlesFreed++
+		return nil
+	}
+	return hc.put(h, size)
+}

@@ -87,7 +87,7 @@ func ExampleFlatten() {
 	// num_device_alloc = 1
 	// handles_created = 1
 	// num_ooms = 0
-	// 136 keys
+	// 139 keys
 }
 
 func ExampleWriteJSON() {

@@ -51,7 +51,7 @@ func WriteJSON(w io.Writer, d *DeviceStats) error {
 //   - oversize_allocations and oversize_segments follow the same rule
 //     with one sample;
 //   - the scalars become counters vmmalloc_<key>_total, except the
-//     gauges max_split_size, stranded_bytes, exported_handles,
+//     gauges max_split_size, cached_handle_bytes, stranded_bytes, exported_handles,
 //     exported_bytes, exporter_held_handles, exporter_held_bytes,
 //     owned_bytes, asleep_bytes and host_backup_bytes.
 type Metric struct {

@@ -64,7 +64,7 @@ func TestWriteJSONExact(t *testing.T) {
 
 func TestMetricsShape(t *testing.T) {
 	ms := Metrics()
-	require.Len(t, ms, 64)
+	require.Len(t, ms, 67)
 	names := make([]string, len(ms))
 	samples := 0
 	for i, m := range ms {

@@ -81,6 +81,9 @@ var scalarDescs = [...]scalarDesc{
 	{"handles_created", kindCounter, "Physical handles created.", func(d *DeviceStats) int64 { return d.HandlesCreated }},
 	{"handles_freed", kindCounter, "Physical handles freed to the driver.", func(d *DeviceStats) int64 { return d.HandlesFreed }},
 	{"handles_reused", kindCounter, "Physical handles taken from the handle cache.", func(d *DeviceStats) int64 { return d.HandlesReused }},
+	{"cached_handle_bytes", kindGauge, "Bytes of unmapped physical handles in the handle caches (the reserve included).", func(d *DeviceStats) int64 { return d.CachedHandleBytes }},
+	{"reserve_handles_created", kindCounter, "Physical handles the handle reserve created off the Malloc path.", func(d *DeviceStats) int64 { return d.ReserveHandlesCreated }},
+	{"reserve_failures", kindCounter, "Handle creations of the handle reserve that failed.", func(d *DeviceStats) int64 { return d.ReserveFailures }},
 	{"stranded_bytes", kindGauge, "Reserved bytes held for streams destroyed without ReleaseStream.", func(d *DeviceStats) int64 { return d.StrandedBytes }},
 	{"exported_handles", kindGauge, "Physical handles shared with other processes (allocator/ipc).", func(d *DeviceStats) int64 { return d.ExportedHandles }},
 	{"exported_bytes", kindGauge, "Bytes of the physical handles shared with other processes.", func(d *DeviceStats) int64 { return d.ExportedBytes }},
@@ -98,7 +101,7 @@ var reportPools = [...]PoolKind{AllPools, LargePool, SmallPool}
 
 // NumFlatKeys is the number of keys Flatten returns: four fields for each
 // pool of each StatArray, four for each single Stat, and one per scalar.
-const NumFlatKeys = 136
+const NumFlatKeys = 139
 
 // numFlatKeys is NumFlatKeys as the tables above define it.
 const numFlatKeys = len(arrayDescs)*int(NumPoolKinds)*len(statFields) +
@@ -120,7 +123,9 @@ const (
 //	<scalar>                num_alloc_retries, num_ooms, num_sync_all_streams,
 //	                        num_device_alloc, num_device_free, max_split_size,
 //	                        num_stream_syncs, handles_created, handles_freed,
-//	                        handles_reused, stranded_bytes, exported_handles,
+//	                        handles_reused, cached_handle_bytes,
+//	                        reserve_handles_created, reserve_failures,
+//	                        stranded_bytes, exported_handles,
 //	                        exported_bytes, exporter_held_handles,
 //	                        exporter_held_bytes, owned_bytes,
 //	                        num_owned_collections, owned_reclaimed_bytes,

@@ -46,6 +46,9 @@ func flatKeyPointers(d *DeviceStats) map[string]*int64 {
 	m["handles_created"] = &d.HandlesCreated
 	m["handles_freed"] = &d.HandlesFreed
 	m["handles_reused"] = &d.HandlesReused
+	m["cached_handle_bytes"] = &d.CachedHandleBytes
+	m["reserve_handles_created"] = &d.ReserveHandlesCreated
+	m["reserve_failures"] = &d.ReserveFailures
 	m["max_split_size"] = &d.MaxSplitSize
 	m["stranded_bytes"] = &d.StrandedBytes
 	m["exported_handles"] = &d.ExportedHandles
@@ -63,8 +66,8 @@ func flatKeyPointers(d *DeviceStats) map[string]*int64 {
 func TestFlattenEveryKeyReadsItsOwnField(t *testing.T) {
 	d := &DeviceStats{}
 	ptrs := flatKeyPointers(d)
-	require.Len(t, ptrs, 136)
-	require.Equal(t, 136, NumFlatKeys)
+	require.Len(t, ptrs, 139)
+	require.Equal(t, 139, NumFlatKeys)
 
 	// Give every field a distinct value so that a key reading the wrong
 	// field cannot pass.

@@ -210,8 +210,15 @@ type DeviceStats struct {
 	HandlesCreated    int64 // physical handles created
 	HandlesFreed      int64 // physical handles freed to the driver
 	HandlesReused     int64 // physical handles taken from the handle cache
-	MaxSplitSize      int64 // configured max_split_size in bytes; 0 = unlimited
-	StrandedBytes     int64 // of reserved bytes, those held for streams destroyed without ReleaseStream until a device synchronize shows them idle
+	// The handle caches and the reserve (handle_reserve_mb) that keeps
+	// them stocked: bytes of unmapped handles cached (a gauge), and the
+	// handles the reserve's background refill created and failed to
+	// create (counters; HandlesCreated includes the created ones).
+	CachedHandleBytes     int64
+	ReserveHandlesCreated int64
+	ReserveFailures       int64
+	MaxSplitSize          int64 // configured max_split_size in bytes; 0 = unlimited
+	StrandedBytes         int64 // of reserved bytes, those held for streams destroyed without ReleaseStream until a device synchronize shows them idle
 	// Physical handles shared with other processes (allocator/ipc), while
 	// the allocator maps them or an exporter still holds them, and their
 	// bytes; of those, the ones the allocator has unmapped (not in
@@ -253,6 +260,7 @@ func (d *DeviceStats) ResetAccumulated() {
 	d.NumAllocRetries, d.NumOOMs, d.NumSyncAllStreams, d.NumStreamSyncs = 0, 0, 0, 0
 	d.NumDeviceAlloc, d.NumDeviceFree = 0, 0
 	d.HandlesCreated, d.HandlesFreed, d.HandlesReused = 0, 0, 0
+	d.ReserveHandlesCreated, d.ReserveFailures = 0, 0
 	d.NumOwnedCollections, d.OwnedReclaimedBytes = 0, 0
 }
 

@@ -473,6 +473,24 @@ func (l *Library) EmptyCache(dev int) error {
 	return nil
 }
 
+// MarkStep marks the end of a step on device dev's default pool
+// (Allocator.MarkStep: planned steps), or on every device used so far for
+// -1.
+func (l *Library) MarkStep(dev int) error {
+	ds, err := l.devices(dev)
+	if err != nil {
+		return l.fail(fmt.Errorf("mark_step(device %d): %w", dev, err))
+	}
+	var errs []error
+	for _, d := range ds {
+		errs = append(errs, d.a.MarkStep())
+	}
+	if err := errors.Join(errs...); err != nil {
+		return l.fail(fmt.Errorf("mark_step(device %d): %w", dev, err))
+	}
+	return nil
+}
+
 // devices is device dev (made now if needed), or every made device for -1.
 func (l *Library) devices(dev int) ([]*device, error) {
 	if dev == -1 {
@@ -557,17 +575,27 @@ func (l *Library) ReleasePool(dev int, id allocator.PoolID) error {
 // offload its allocated bytes are copied to pinned host memory first
 // (allocator/host, where the driver has host memory; Go memory where not)
 // and restored by WakePool; keepHost keeps those buffers after the wake
-// for the next sleep.
+// for the next sleep. It is SleepPoolMode with Offload or Discard.
 func (l *Library) SleepPool(dev int, id allocator.PoolID, offload, keepHost bool) error {
+	mode := allocator.Discard
+	if offload {
+		mode = allocator.Offload
+	}
+	return l.SleepPoolMode(dev, id, mode, keepHost)
+}
+
+// SleepPoolMode is SleepPool with the mode named: allocator.Discard,
+// Offload (backups in pinned host memory) or Memset (the pool's memory
+// zero-filled at wake).
+func (l *Library) SleepPoolMode(dev int, id allocator.PoolID, mode allocator.SleepMode, keepHost bool) error {
 	d, err := l.device(dev)
 	var p *allocator.Pool
 	if err == nil {
 		p, err = l.pool(d, id, false)
 	}
 	if err == nil {
-		o := allocator.SleepOptions{Mode: allocator.Discard, KeepHostBuffers: keepHost}
-		if offload {
-			o.Mode = allocator.Offload
+		o := allocator.SleepOptions{Mode: mode, KeepHostBuffers: keepHost}
+		if mode == allocator.Offload {
 			if h := l.hostAllocator(); h != nil {
 				o.Host = h
 			}

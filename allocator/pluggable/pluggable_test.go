@@ -335,3 +335,40 @@ func BenchmarkAllocFree(b *testing.B) {
 		}
 	}
 }
+
+// TestReleasePoolReturnsMemory: vmmalloc_release_pool of a pool that grew
+// and freed everything gives its memory to the driver, handle cache
+// included: the device's free memory is back where it was; and a pool
+// slept in Memset mode reads zero after the wake.
+func TestReleasePoolReturnsMemory(t *testing.T) {
+	l, e, _ := newLib(t, "handle_cache_mb:512")
+	id := allocator.PoolID{0, 9}
+	x, err := l.Alloc(1*mib, 0, 0, allocator.PoolID{}) // makes device 0
+	require.NoError(t, err)
+	before, _, err := e.MemGetInfo(0)
+	require.NoError(t, err)
+	require.NoError(t, l.BeginPool(0, id))
+	var ps []uintptr
+	for _, n := range []uint64{200 * mib, 3 * mib, 100 * mib} {
+		p, err := l.Alloc(n, 0, 0, id)
+		require.NoError(t, err)
+		ps = append(ps, p)
+	}
+	a, err := l.Allocator(0)
+	require.NoError(t, err)
+	require.NoError(t, e.Memset(ps[1], 0x5a, 3*mib, a.DefaultStream()))
+	require.NoError(t, l.SleepPoolMode(0, id, allocator.Memset, false))
+	require.NoError(t, l.WakePool(0, id))
+	got := make([]byte, 3*mib)
+	require.NoError(t, e.CopyDtoH(got, ps[1], a.DefaultStream()))
+	assert.Equal(t, make([]byte, 3*mib), got, "zero after a Memset wake")
+	for _, p := range ps {
+		require.NoError(t, l.Free(p, 0))
+	}
+	require.NoError(t, l.ReleasePool(0, id))
+	after, _, err := e.MemGetInfo(0)
+	require.NoError(t, err)
+	assert.Equal(t, before, after, "device free memory after release_pool")
+	require.NoError(t, l.Free(x, 0))
+	check(t, l, 0)
+}

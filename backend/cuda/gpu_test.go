@@ -8,6 +8,7 @@ package cuda_test
 // GPU). Skipped otherwise.
 
 import (
+	"bytes"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -25,6 +26,7 @@ import (
 	"github.com/vmmalloc/vmmalloc/backend/conformance"
 	"github.com/vmmalloc/vmmalloc/backend/cuda"
 	"github.com/vmmalloc/vmmalloc/backend/cuda/cudatest"
+	"github.com/vmmalloc/vmmalloc/backend/emulated"
 	"github.com/vmmalloc/vmmalloc/benchmarks/replay"
 	"github.com/vmmalloc/vmmalloc/benchmarks/trace"
 )
@@ -90,8 +92,12 @@ func TestGPUShareableFile(t *testing.T) {
 	fmt.Printf("GPUCHECK ipc: a child process imported, read and wrote a handle through a duplicate of exported fd %d\n", fd)
 }
 
-// TestGPULatency times each VMM primitive over at least 1,000 calls of one
-// granule on device 0 and prints the median and 99th percentile.
+// TestGPULatency times each VMM primitive on device 0 (reserve, create,
+// map, set-access, unmap, free, release) over at least 1,000 calls of one
+// granule and 20 of 512 MiB, and prints the mean and 99th percentile of
+// each. With VMMALLOC_GPUCHECK_PROFILE set (gpucheck.sh --profile FILE) it
+// fits per call + per GiB to every sample of each primitive
+// (emulated.FitCost) and writes the result there as a cost profile.
 func TestGPULatency(t *testing.T) {
 	d := gpuDriver(t)
 	n := 1000
@@ -102,32 +108,68 @@ func TestGPULatency(t *testing.T) {
 	}
 	g, err := d.Granularity(backend.DeviceProp(0), backend.GranularityMinimum)
 	require.NoError(t, err)
-	va, err := d.ReserveAddress(g)
-	require.NoError(t, err)
-	defer func() { require.NoError(t, d.ReleaseAddress(va, g)) }()
+	big := max(g, 512<<20) / g * g
+	if free, _, err := d.MemGetInfo(0); err == nil && free < 2*big {
+		big = max(g, free/4/g*g)
+	}
 	rw := []backend.AccessDesc{{Location: backend.Location{Type: backend.LocationDevice}, Flags: backend.AccessReadWrite}}
-	names := []string{"create", "map", "set-access", "unmap", "release"}
-	lat := make([][]time.Duration, len(names))
-	for range n {
-		var h backend.Handle
-		steps := []func() error{
-			func() (err error) { h, err = d.CreatePhysical(g, backend.DeviceProp(0)); return err },
-			func() error { return d.Map(va, g, h) },
-			func() error { return d.SetAccess(va, g, rw) },
-			func() error { return d.Unmap(va, g) },
-			func() error { return d.FreePhysical(h) },
+	ops := []backend.Op{backend.OpReserve, backend.OpCreate, backend.OpMap, backend.OpSetAccess, backend.OpUnmap, backend.OpFree, backend.OpRelease}
+	names := []string{"reserve", "create", "map", "set-access", "unmap", "free", "release"}
+	samples := make([][]emulated.CostSample, len(ops))
+	for _, run := range []struct {
+		size  uint64
+		calls int
+	}{{g, n}, {big, max(n/50, 1)}} {
+		lat := make([][]time.Duration, len(ops))
+		for range run.calls {
+			var (
+				h  backend.Handle
+				va uintptr
+			)
+			steps := []func() error{
+				func() (err error) { va, err = d.ReserveAddress(run.size); return err },
+				func() (err error) { h, err = d.CreatePhysical(run.size, backend.DeviceProp(0)); return err },
+				func() error { return d.Map(va, run.size, h) },
+				func() error { return d.SetAccess(va, run.size, rw) },
+				func() error { return d.Unmap(va, run.size) },
+				func() error { return d.FreePhysical(h) },
+				func() error { return d.ReleaseAddress(va, run.size) },
+			}
+			for i, step := range steps {
+				t0 := time.Now()
+				err := step()
+				dt := time.Since(t0)
+				require.NoError(t, err, names[i])
+				lat[i] = append(lat[i], dt)
+				samples[i] = append(samples[i], emulated.CostSample{Bytes: run.size, Latency: dt})
+			}
 		}
-		for i, step := range steps {
-			t0 := time.Now()
-			err := step()
-			lat[i] = append(lat[i], time.Since(t0))
-			require.NoError(t, err, names[i])
+		for i, name := range names {
+			l := lat[i]
+			var sum time.Duration
+			for _, x := range l {
+				sum += x
+			}
+			slices.Sort(l)
+			fmt.Printf("GPUCHECK latency %-10s %5d × %4d MiB: mean %8.2f µs  median %8.2f µs  p99 %8.2f µs  (granule %d KiB)\n",
+				name, len(l), run.size>>20, float64(sum.Nanoseconds())/float64(len(l))/1e3,
+				float64(l[len(l)/2].Nanoseconds())/1e3, float64(l[len(l)*99/100].Nanoseconds())/1e3, g>>10)
 		}
 	}
-	for i, name := range names {
-		slices.Sort(lat[i])
-		fmt.Printf("GPUCHECK latency %-10s n=%d median %8.2f µs  p99 %8.2f µs  (granule %d KiB)\n", name, n,
-			float64(lat[i][n/2].Nanoseconds())/1e3, float64(lat[i][n*99/100].Nanoseconds())/1e3, g>>10)
+	prof := emulated.CostProfile{Name: "measured", Model: emulated.LegacyCostModel(),
+		Source: fmt.Sprintf("backend/cuda/gpucheck.sh on %s, granule %d KiB, per call + per GiB fitted to %d calls at %d KiB and %d at %d MiB (VMM calls); other primitives legacy",
+			d.Library(), g>>10, n, g>>10, max(n/50, 1), big>>20)}
+	for i, op := range ops {
+		c, perGiB, err := emulated.FitCost(samples[i])
+		require.NoError(t, err)
+		prof.Model.PerCall[op], prof.Model.PerGiB[op] = c, perGiB
+		fmt.Printf("GPUCHECK cost %-10s %8.2f µs + %8.2f µs/GiB\n", names[i], float64(c)/1e3, float64(perGiB)/1e3)
+	}
+	if path := os.Getenv("VMMALLOC_GPUCHECK_PROFILE"); path != "" {
+		var b bytes.Buffer
+		require.NoError(t, emulated.WriteCostProfile(&b, prof))
+		require.NoError(t, os.WriteFile(path, b.Bytes(), 0o644))
+		fmt.Printf("GPUCHECK profile written to %s (vmmalloc replay --cost-profile %s)\n", path, path)
 	}
 }
 

@@ -7,12 +7,19 @@
 #   backend/cuda/gpucheck.sh --build DIR
 #                                       only build DIR/cuda.test, to carry to
 #                                       a GPU machine without Go or network
+#   backend/cuda/gpucheck.sh --profile FILE
+#                                       also write the measured call costs
+#                                       as a cost profile for the emulator
+#                                       (vmmalloc replay --cost-profile FILE);
+#                                       combines with --double
 #
 # It runs, through the purego binding (backend/cuda): the backend
 # conformance suite; the allocator's real-memory integrity test (patterns
 # checked through cuMemcpy); per-call latency of create/map/set-access/
-# unmap/release (median and p99 over 1,000 calls, VMMALLOC_GPUCHECK_N to
-# change); and a replay of cs336_ctx128_fullstep.pickle scaled to fit the
+# unmap/free/release of address ranges and handles (mean, median and p99
+# over 1,000 calls of one granule and 20 of 512 MiB, VMMALLOC_GPUCHECK_N to
+# change the 1,000; the 20 are a fiftieth of it), fitted per call + per GiB;
+# and a replay of cs336_ctx128_fullstep.pickle scaled to fit the
 # device, printing granularity, latencies and the replay's reserved/live;
 # then, where PyTorch with CUDA is installed, a short training loop with
 # vmmalloc as PyTorch's allocator (libvmmalloc.so) and with PyTorch's own,
@@ -33,18 +40,28 @@ set -eu
 
 root=$(cd "$(dirname "$0")/../.." && pwd)
 mode=real
-case "${1:-}" in
---double) mode=double ;;
---build)
-	[ $# -eq 2 ] || { echo "usage: $0 --build DIR" >&2; exit 2; }
-	mkdir -p "$2"
-	cd "$root"
-	CGO_ENABLED=0 GOPROXY=off go test -c -o "$2/cuda.test" ./backend/cuda
-	echo "gpucheck: built $2/cuda.test"
-	exit 0 ;;
-"") ;;
-*) echo "usage: $0 [--double | --build DIR]" >&2; exit 2 ;;
-esac
+profile=
+usage() { echo "usage: $0 [--double] [--profile FILE] | --build DIR" >&2; exit 2; }
+while [ $# -gt 0 ]; do
+	case "$1" in
+	--double) mode=double; shift ;;
+	--profile)
+		[ $# -ge 2 ] || usage
+		case "$2" in /*) profile=$2 ;; *) profile=$(pwd)/$2 ;; esac
+		shift 2 ;;
+	--build)
+		[ $# -eq 2 ] || usage
+		mkdir -p "$2"
+		cd "$root"
+		CGO_ENABLED=0 GOPROXY=off go test -c -o "$2/cuda.test" ./backend/cuda
+		echo "gpucheck: built $2/cuda.test"
+		exit 0 ;;
+	*) usage ;;
+	esac
+done
+if [ -n "$profile" ]; then
+	export VMMALLOC_GPUCHECK_PROFILE="$profile"
+fi
 
 if [ "$mode" = real ]; then
 	lib=${VMMALLOC_LIBCUDA:-}

@@ -100,7 +100,13 @@
 //
 // Every call is counted per primitive, failed ones included (Calls,
 // CallCounts, Failures). A CostModel charges simulated time per successful
-// call (DefaultCostModel unless WithCostModel says otherwise). FailNth and
+// call, per call plus per GiB the call handles, counted in total
+// (SimulatedTime) and by primitive (SimulatedTimes). The model is the
+// default cost profile's ("a100", DefaultCostModel) unless WithCostModel
+// says otherwise; CostProfile lists the built-in profiles and their
+// sources, ReadCostProfile and WriteCostProfile the JSON file format
+// (CostProfileFormat) that backend/cuda/gpucheck.sh writes, and FitCost
+// fits per call + per GiB to measured latencies. FailNth and
 // FailRandom inject errors deterministically. Occupy takes device memory
 // for another tenant. Live, Mappings, Reservations and Handles expose the
 // state for invariant checks, sorted.

@@ -139,6 +139,7 @@ type process struct {
 	calls    [backend.NumOps]atomic.Int64 // calls made, failed ones included
 	failed   [backend.NumOps]atomic.Int64 // calls that returned an error
 	simNanos atomic.Int64                 // simulated time charged, ns
+	simByOp  [backend.NumOps]atomic.Int64 // simNanos by primitive, ns
 }
 
 // New creates an emulated driver and returns the view of its first process.
@@ -352,6 +353,7 @@ func (e *Emulator) begin(op backend.Op) error {
 func (e *Emulator) charge(op backend.Op, nbytes uint64) {
 	if d := e.w.cfg.cost.cost(op, nbytes); d != 0 {
 		e.p.simNanos.Add(d)
+		e.p.simByOp[op].Add(d)
 	}
 }
 

@@ -39,7 +39,7 @@ func Example() {
 	// granularity 2 MiB, reserved 0x100000000000, handle 1
 	// range 0x100000000000 +4 MiB
 	// true R5 true
-	// 0 2 82.429µs
+	// 0 2 297.358µs
 }
 
 // Freeing a mapped handle is deferred to the last unmap (R3).

@@ -122,19 +122,26 @@ func (e *Emulator) ClearFaults() {
 // CostModel is the simulated time of each primitive: PerCall[op] for every
 // successful call plus PerGiB[op] for each GiB the call handles (the size
 // created, freed, mapped, unmapped, given access, allocated or registered).
-// Failed calls cost nothing.
+// Failed calls cost nothing. The named profiles (CostProfileNames) are
+// CostModels with their sources; DefaultCostModel is the "a100" one.
 type CostModel struct {
 	PerCall [backend.NumOps]time.Duration
 	PerGiB  [backend.NumOps]time.Duration
 }
 
-// DefaultCostModel returns plausible, unmeasured costs for studies: the
-// creating and mapping primitives cost tens of microseconds each, as the
-// CUDA and ACL drivers do, with a small per-GiB term, and queries about a
-// microsecond. Relative costs matter more than absolute ones; in particular
-// the per-call terms dominate, so mapping ten 2 MiB handles costs about
-// ten times one 20 MiB handle (PyTorch #96995).
+// DefaultCostModel returns the model of the default cost profile,
+// DefaultCostProfile ("a100": creating a handle costs about 130 times
+// mapping it).
 func DefaultCostModel() CostModel {
+	p, _ := NamedCostProfile(DefaultCostProfile)
+	return p.Model
+}
+
+// LegacyCostModel returns the guessed costs the emulator charged before it
+// had measured profiles (the "legacy" profile): tens of microseconds for
+// the creating and mapping primitives, with a small per-GiB term, and about
+// a microsecond for queries. Kept to compare figures with older ones.
+func LegacyCostModel() CostModel {
 	var m CostModel
 	us := time.Microsecond
 	for op, c := range map[backend.Op]time.Duration{
@@ -198,6 +205,18 @@ func (m *CostModel) cost(op backend.Op, nbytes uint64) int64 {
 // SimulatedTime is the simulated time charged to this process so far.
 func (e *Emulator) SimulatedTime() time.Duration { return time.Duration(e.p.simNanos.Load()) }
 
+// OpTimes is a simulated duration per primitive, indexed by backend.Op.
+type OpTimes [backend.NumOps]time.Duration
+
+// SimulatedTimes returns SimulatedTime split by primitive.
+func (e *Emulator) SimulatedTimes() OpTimes {
+	var t OpTimes
+	for op := range t {
+		t[op] = time.Duration(e.p.simByOp[op].Load())
+	}
+	return t
+}
+
 // Calls returns how many times this process called op, failed calls
 // included.
 func (e *Emulator) Calls(op backend.Op) int64 {
@@ -240,4 +259,7 @@ func (e *Emulator) ResetCounters() {
 		e.p.failed[op].Store(0)
 	}
 	e.p.simNanos.Store(0)
+	for op := range e.p.simByOp {
+		e.p.simByOp[op].Store(0)
+	}
 }

@@ -14,6 +14,9 @@
 //	                      cs336_ctx128_fullstep replayed warm (as
 //	                      ../replay BenchmarkWarmReplay/ids=dense); galloc
 //	                      counts in 512-byte units, vmmalloc's rounding
+//	BenchmarkWarmReplayPlanned  the same with planned steps on and
+//	                      vmmalloc's MarkStep after each pass (as
+//	                      ../replay BenchmarkWarmReplay/ids=dense/planned)
 //
 // The module proxy this project uses does not serve github.com/gogpu/galloc
 // (it answers 403), so point the module at a checkout of it (v0.2.0)
@@ -22,7 +25,7 @@
 //	cd benchmarks/galloc
 //	go mod edit -replace github.com/gogpu/galloc=DIR && go mod tidy
 //	go test -run '^$' -bench CacheHit -benchtime 1000000x
-//	go test -run '^$' -bench WarmReplay -benchtime 40x
+//	go test -run '^$' -bench WarmReplay -benchtime 400x
 //
 // (or leave go.mod alone: copy it to x.mod, edit that, and pass
 // -modfile=x.mod to each go command).

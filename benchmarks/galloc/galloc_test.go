@@ -43,11 +43,15 @@ func sideBySide(b *testing.B, n int, unit string, perRun int, vm, gal func(n int
 }
 
 func newAllocator(b *testing.B, capacity uint64) *allocator.Allocator {
+	return newAllocatorConfig(b, capacity, allocator.DefaultConfig())
+}
+
+func newAllocatorConfig(b *testing.B, capacity uint64, cfg allocator.Config) *allocator.Allocator {
 	e, err := emulated.New(emulated.WithCapacity(capacity))
 	if err != nil {
 		b.Fatal(err)
 	}
-	a, err := allocator.New(e, allocator.DefaultConfig())
+	a, err := allocator.New(e, cfg)
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -171,8 +175,22 @@ func isDir(path string) bool {
 // a pass leaves live are freed after it (counted as calls), so every pass
 // starts from the same state.
 func BenchmarkWarmReplay(b *testing.B) {
+	warmReplaySideBySide(b, allocator.DefaultConfig(), false)
+}
+
+// BenchmarkWarmReplayPlanned is BenchmarkWarmReplay with planned steps
+// on (planned_steps:True) and vmmalloc's MarkStep after each pass: the
+// warm-up passes learn the step, and the timed passes are served from
+// its plan.
+func BenchmarkWarmReplayPlanned(b *testing.B) {
+	cfg := allocator.DefaultConfig()
+	cfg.PlannedSteps = true
+	warmReplaySideBySide(b, cfg, true)
+}
+
+func warmReplaySideBySide(b *testing.B, cfg allocator.Config, step bool) {
 	ops, slots := replayOps(b, "cs336_ctx128_fullstep.pickle")
-	a := newAllocator(b, 80<<30)
+	a := newAllocatorConfig(b, 80<<30, cfg)
 	g := galloc.NewSync(80<<30/512, 1<<20)
 	ptrs := make([]uintptr, slots)
 	allocs := make([]galloc.Allocation, slots)
@@ -201,6 +219,11 @@ func BenchmarkWarmReplay(b *testing.B) {
 					ptrs[i] = 0
 				}
 			}
+			if step {
+				if err := a.MarkStep(); err != nil {
+					b.Fatal(err)
+				}
+			}
 		}
 	}
 	gal := func(n int) {
@@ -226,6 +249,12 @@ func BenchmarkWarmReplay(b *testing.B) {
 		}
 	}
 	vm(1) // warm vmmalloc's cache
+	if step {
+		vm(3) // learn the step (two identical steps after the first MarkStep) and plan it
+		if st := a.StepStats(); st.State != "planned" {
+			b.Fatalf("the step is not planned: %+v", st)
+		}
+	}
 	gal(1)
 	// Calls per pass: the trace's, plus the frees of what it leaves live.
 	calls := len(ops)

@@ -77,6 +77,7 @@ func studyBench(b *testing.B, events []trace.Event) {
 			b.ReportMetric(rep.ReservedOverLive, "reserved/live")
 			b.ReportMetric(mc.OverLive, "mincap/live")
 			b.ReportMetric(float64(rep.DriverCallsTotal), "driver-calls")
+			b.ReportMetric(float64(rep.SimDriverTime.Microseconds())/1e3, "sim-driver-ms")
 			b.ReportMetric(float64(events64)/b.Elapsed().Seconds(), "events/s")
 		})
 	}

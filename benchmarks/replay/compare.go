@@ -159,9 +159,13 @@ func WriteText(w io.Writer, r *Report) error {
 		fmt.Fprintf(b, "  skipped           %s unknown frees, %s frees of failed allocs, %s records, %s duplicate allocs, %s zero-byte allocs\n",
 			c(r.SkippedFrees), c(r.FailedFrees), c(r.SkippedRecords), c(r.DuplicateAllocs), c(r.ZeroAllocs))
 	}
-	fmt.Fprintf(b, "  driver calls      %s, simulated driver time %s\n", c(r.DriverCallsTotal), r.SimDriverTime.Round(time.Microsecond))
+	profile := ""
+	if r.CostProfile != "" {
+		profile = " (cost profile " + r.CostProfile + ")"
+	}
+	fmt.Fprintf(b, "  driver calls      %s, simulated driver time %s%s\n", c(r.DriverCallsTotal), r.SimDriverTime.Round(time.Microsecond), profile)
 	for _, name := range sortedKeys(r.DriverCalls) {
-		fmt.Fprintf(b, "    %-36s %s\n", name, c(r.DriverCalls[name]))
+		fmt.Fprintf(b, "    %-36s %12s  %12s\n", name, c(r.DriverCalls[name]), r.SimDriverTimes[name].Round(time.Microsecond))
 	}
 	fmt.Fprintf(b, "  replay            %s, %s events/s\n", r.Wall.Round(time.Microsecond), formatRate(r.EventsPerSec))
 	_, err := io.WriteString(w, b.String())

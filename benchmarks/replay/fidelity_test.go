@@ -249,9 +249,9 @@ func TestSharedTracesTargets(t *testing.T) {
 			if pt.PeakReservedKnown {
 				recorded = FormatBytes(pt.PeakReserved)
 			}
-			t.Logf("live %s, PyTorch reserved %s, expandable %.4f (releases ignored %.4f), %d driver calls (%d)",
+			t.Logf("live %s, PyTorch reserved %s, expandable %.4f (releases ignored %.4f), %d driver calls (%d), %v simulated driver time (%v)",
 				FormatBytes(rep.PeakLive), recorded, rep.ReservedOverLive, ignored.ReservedOverLive,
-				rep.DriverCallsTotal, ignored.DriverCallsTotal)
+				rep.DriverCallsTotal, ignored.DriverCallsTotal, rep.SimDriverTime, ignored.SimDriverTime)
 		})
 	}
 }

@@ -66,8 +66,11 @@ type Options struct {
 	// MaxSamples bounds Report.Samples (default 2048, at least 16). A
 	// negative value records no samples.
 	MaxSamples int
-	// CostModel replaces emulated.DefaultCostModel for SimDriverTime.
-	CostModel *emulated.CostModel
+	// CostModel replaces emulated.DefaultCostModel for SimDriverTime;
+	// CostProfile names it in the report (DefaultCostProfile when both
+	// are unset).
+	CostModel   *emulated.CostModel
+	CostProfile string
 	// Progress, if set, is called from the replaying goroutine with the
 	// number of events applied so far, every 65536 events and once at the
 	// end. It must be quick.
@@ -184,8 +187,12 @@ type Report struct {
 	SteadyDriverCalls int64         `json:"steady_driver_calls,omitempty"`
 	SteadySteps       int64         `json:"steady_steps,omitempty"`
 	SimDriverTime     time.Duration `json:"sim_driver_time_ns"` // simulated driver time (emulator cost model)
-	Wall              time.Duration `json:"wall_time_ns"`       // wall time of the event loop (reading included)
-	EventsPerSec      float64       `json:"events_per_second"`  // Events / Wall
+	// SimDriverTimes splits SimDriverTime by primitive (nonzero only), and
+	// CostProfile names the cost model that charged it.
+	SimDriverTimes map[string]time.Duration `json:"sim_driver_time_by_op_ns"`
+	CostProfile    string                   `json:"cost_profile,omitempty"`
+	Wall           time.Duration            `json:"wall_time_ns"`      // wall time of the event loop (reading included)
+	EventsPerSec   float64                  `json:"events_per_second"` // Events / Wall
 
 	// Pools has the figures of each memory pool the trace allocates in
 	// (the default pool first, then the private ones by ID), when the
@@ -464,6 +471,7 @@ func (r *runner) run(ctx context.Context, events trace.EventReader) (*Report, er
 	rep := r.rep
 	callsBefore := r.emu.CallCounts()
 	simBefore := r.emu.SimulatedTime()
+	simOpsBefore := r.emu.SimulatedTimes()
 	nextProgress := int64(math.MaxInt64)
 	if r.opts.Progress != nil {
 		nextProgress = progressEvery
@@ -528,7 +536,7 @@ func (r *runner) run(ctx context.Context, events trace.EventReader) (*Report, er
 			return nil, fmt.Errorf("replay: writing the snapshot: %w", err)
 		}
 	}
-	r.finish(callsBefore, simBefore)
+	r.finish(callsBefore, simBefore, simOpsBefore)
 	return rep, nil
 }
 
@@ -655,7 +663,7 @@ func (r *runner) apply(e trace.Event, n int64) error {
 }
 
 // finish fills in the figures read once at the end.
-func (r *runner) finish(callsBefore emulated.CallCounts, simBefore time.Duration) {
+func (r *runner) finish(callsBefore emulated.CallCounts, simBefore time.Duration, simOpsBefore emulated.OpTimes) {
 	rep := r.rep
 	st := r.a.Stats()
 	rep.Stats = st
@@ -691,6 +699,16 @@ func (r *runner) finish(callsBefore emulated.CallCounts, simBefore time.Duration
 		}
 	}
 	rep.SimDriverTime = r.emu.SimulatedTime() - simBefore
+	rep.SimDriverTimes = make(map[string]time.Duration)
+	for op, t := range r.emu.SimulatedTimes() {
+		if d := t - simOpsBefore[op]; d != 0 {
+			rep.SimDriverTimes[backend.Op(op).String()] = d
+		}
+	}
+	rep.CostProfile = r.opts.CostProfile
+	if rep.CostProfile == "" && r.opts.CostModel == nil {
+		rep.CostProfile = emulated.DefaultCostProfile
+	}
 	if s := rep.Wall.Seconds(); s > 0 {
 		rep.EventsPerSec = float64(rep.Events) / s
 	}

@@ -241,7 +241,7 @@ func PolicyConfig(p Policy) string {
 
 // sweepColumns are the columns of the sweep tables.
 var sweepColumns = []string{"trace", "policy", "config", "peak live", "peak reserved", "reserved/live",
-	"min capacity", "mincap/live", "OOMs", "driver calls"}
+	"min capacity", "mincap/live", "OOMs", "driver calls", "sim driver time"}
 
 // WriteSweepMarkdown writes runs as a Markdown table, one row per run,
 // sizes in binary units and counts with thousands separators.
@@ -264,7 +264,7 @@ func WriteSweepMarkdown(w io.Writer, runs []SweepRun) error {
 		}
 		cells := []string{mdCell(r.Trace), mdCell(r.Policy.Name), "`" + strings.ReplaceAll(PolicyConfig(r.Policy), "`", "'") + "`",
 			FormatBytes(rep.PeakLive), FormatBytes(rep.PeakReserved), fmt.Sprintf("%.4f", rep.ReservedOverLive),
-			mc, mcr, FormatCount(rep.OOMs), FormatCount(rep.DriverCallsTotal)}
+			mc, mcr, FormatCount(rep.OOMs), FormatCount(rep.DriverCallsTotal), rep.SimDriverTime.Round(time.Microsecond).String()}
 		b.WriteString("| " + strings.Join(cells, " | ") + " |\n")
 	}
 	_, err := io.WriteString(w, b.String())

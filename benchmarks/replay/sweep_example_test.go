@@ -39,10 +39,10 @@ func ExampleSweep() {
 		fmt.Println(err)
 	}
 	// Output:
-	// | trace | policy | config | peak live | peak reserved | reserved/live | min capacity | mincap/live | OOMs | driver calls |
-	// |---|---|---|--:|--:|--:|--:|--:|--:|--:|
-	// | layers | expandable | `defaults` | 90.00 MiB | 90.00 MiB | 1.0000 | 90.00 MiB | 1.0000 | 0 | 20 |
-	// | layers | classic | `expandable_segments:False` | 90.00 MiB | 90.00 MiB | 1.0000 | 90.00 MiB | 1.0000 | 0 | 15 |
-	// | wide | expandable | `defaults` | 63.00 MiB | 64.00 MiB | 1.0159 | 64.00 MiB | 1.0159 | 0 | 26 |
-	// | wide | classic | `expandable_segments:False` | 63.00 MiB | 130.00 MiB | 2.0635 | 80.00 MiB | 1.2698 | 0 | 15 |
+	// | trace | policy | config | peak live | peak reserved | reserved/live | min capacity | mincap/live | OOMs | driver calls | sim driver time |
+	// |---|---|---|--:|--:|--:|--:|--:|--:|--:|--:|
+	// | layers | expandable | `defaults` | 90.00 MiB | 90.00 MiB | 1.0000 | 90.00 MiB | 1.0000 | 0 | 20 | 1.422ms |
+	// | layers | classic | `expandable_segments:False` | 90.00 MiB | 90.00 MiB | 1.0000 | 90.00 MiB | 1.0000 | 0 | 15 | 773µs |
+	// | wide | expandable | `defaults` | 63.00 MiB | 64.00 MiB | 1.0159 | 64.00 MiB | 1.0159 | 0 | 26 | 1.373ms |
+	// | wide | classic | `expandable_segments:False` | 63.00 MiB | 130.00 MiB | 2.0635 | 80.00 MiB | 1.2698 | 0 | 15 | 783µs |
 }

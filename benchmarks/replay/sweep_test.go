@@ -9,6 +9,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -137,13 +138,14 @@ func TestSweepTables(t *testing.T) {
 	require.NoError(t, WriteSweepMarkdown(&md, runs))
 	lines := strings.Split(strings.TrimRight(md.String(), "\n"), "\n")
 	require.Len(t, lines, 2+len(runs))
-	assert.Equal(t, "| trace | policy | config | peak live | peak reserved | reserved/live | min capacity | mincap/live | OOMs | driver calls |", lines[0])
-	assert.Equal(t, "|---|---|---|--:|--:|--:|--:|--:|--:|--:|", lines[1])
+	assert.Equal(t, "| trace | policy | config | peak live | peak reserved | reserved/live | min capacity | mincap/live | OOMs | driver calls | sim driver time |", lines[0])
+	assert.Equal(t, "|---|---|---|--:|--:|--:|--:|--:|--:|--:|--:|", lines[1])
 	for i, r := range runs {
 		row := lines[2+i]
 		assert.True(t, strings.HasPrefix(row, "| a | "+r.Policy.Name+" | `"+PolicyConfig(r.Policy)+"` | "), row)
 		assert.Contains(t, row, FormatBytes(r.Report.MinCapacity))
-		assert.Contains(t, row, FormatCount(r.Report.DriverCallsTotal))
+		assert.Contains(t, row, " | "+FormatCount(r.Report.DriverCallsTotal)+" | "+r.Report.SimDriverTime.Round(time.Microsecond).String()+" |")
+		assert.Positive(t, r.Report.SimDriverTime)
 	}
 
 	var cb bytes.Buffer

@@ -97,6 +97,49 @@ func BenchmarkWarmReplay(b *testing.B) {
 			return calls
 		})
 	})
+	// Planned steps: MarkStep after each pass; the warm-up passes learn
+	// the step and plan it, so the timed passes are served from the plan.
+	b.Run("ids=dense/planned", func(b *testing.B) {
+		ops, slots := denseOps(events)
+		ptrs := make([]uintptr, slots)
+		cfg := allocator.DefaultConfig()
+		cfg.PlannedSteps = true
+		warmReplayConfig(b, cfg, 4, func(a *allocator.Allocator) int {
+			for _, op := range ops {
+				if op.size != 0 {
+					p, err := a.Malloc(op.size, 0)
+					if err != nil {
+						b.Fatal(err)
+					}
+					ptrs[op.slot] = p
+					continue
+				}
+				p := ptrs[op.slot]
+				ptrs[op.slot] = 0
+				if err := a.Free(p); err != nil {
+					b.Fatal(err)
+				}
+			}
+			calls := len(ops)
+			for i, p := range ptrs {
+				if p != 0 {
+					if err := a.Free(p); err != nil {
+						b.Fatal(err)
+					}
+					ptrs[i] = 0
+					calls++
+				}
+			}
+			if err := a.MarkStep(); err != nil {
+				b.Fatal(err)
+			}
+			return calls
+		}, func(a *allocator.Allocator) {
+			if st := a.StepStats(); st.State != "planned" || st.Divergences != 0 {
+				b.Fatalf("the step is not planned: %+v", st)
+			}
+		})
+	})
 }
 
 // warmOp is one call of a dense warm replay: a Malloc of size bytes whose
@@ -138,16 +181,24 @@ func denseOps(events []trace.Event) ([]warmOp, int) {
 // warmReplay runs pass once to warm a fresh allocator's cache, then b.N
 // times timed, and reports ns per call and driver calls per pass.
 func warmReplay(b *testing.B, pass func(*allocator.Allocator) int) {
+	warmReplayConfig(b, allocator.DefaultConfig(), 1, pass, nil)
+}
+
+// warmReplayConfig is warmReplay with cfg and warm passes before the
+// timed ones; verify, if not nil, runs after them.
+func warmReplayConfig(b *testing.B, cfg allocator.Config, warm int, pass func(*allocator.Allocator) int, verify func(*allocator.Allocator)) {
 	e, err := emulated.New(emulated.WithCapacity(80 << 30))
 	if err != nil {
 		b.Fatal(err)
 	}
-	a, err := allocator.New(e, allocator.DefaultConfig())
+	a, err := allocator.New(e, cfg)
 	if err != nil {
 		b.Fatal(err)
 	}
 	defer a.Close()
-	pass(a) // warm the cache
+	for range warm {
+		pass(a) // warm the cache
+	}
 	driverCalls := func() int64 {
 		var n int64
 		for _, c := range e.CallCounts() {
@@ -155,13 +206,17 @@ func warmReplay(b *testing.B, pass func(*allocator.Allocator) int) {
 		}
 		return n
 	}
-	before := driverCalls()
+	before, sim0 := driverCalls(), e.SimulatedTime()
 	calls := 0
 	b.ResetTimer()
 	for i := 0; i < b.N; i++ {
 		calls += pass(a)
 	}
 	b.StopTimer()
+	if verify != nil {
+		verify(a)
+	}
 	b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(calls), "ns/call")
 	b.ReportMetric(float64(driverCalls()-before)/float64(b.N), "driver-calls/op")
+	b.ReportMetric(float64((e.SimulatedTime()-sim0).Nanoseconds())/float64(b.N), "sim-driver-ns/op")
 }

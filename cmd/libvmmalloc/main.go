@@ -196,6 +196,11 @@ func vmmgo_empty_cache(dev C.int) C.int {
 	return C.int(call("vmmalloc_empty_cache", func(l *pluggable.Library) error { return l.EmptyCache(int(dev)) }))
 }
 
+//export vmmgo_mark_step
+func vmmgo_mark_step(dev C.int) C.int {
+	return C.int(call("vmmalloc_mark_step", func(l *pluggable.Library) error { return l.MarkStep(int(dev)) }))
+}
+
 //export vmmgo_set_memory_fraction
 func vmmgo_set_memory_fraction(f C.double, dev C.int) C.int {
 	return C.int(call("vmmalloc_set_memory_fraction", func(l *pluggable.Library) error {
@@ -241,17 +246,17 @@ func vmmgo_release_pool(dev C.int, id0, id1 C.uint64_t) C.int {
 }
 
 // errBadMode is vmmalloc_sleep's error for a mode that is not one.
-var errBadMode = errors.New("want VMMALLOC_DISCARD (0) or VMMALLOC_OFFLOAD (1)")
+var errBadMode = errors.New("want VMMALLOC_DISCARD (0), VMMALLOC_OFFLOAD (1) or VMMALLOC_MEMSET (2)")
 
 //export vmmgo_sleep
 func vmmgo_sleep(dev C.int, id0, id1 C.uint64_t, mode, keep C.int) C.int {
 	return C.int(call("vmmalloc_sleep", func(l *pluggable.Library) error {
-		if mode != 0 && mode != 1 {
+		if mode < 0 || mode > 2 {
 			err := fmt.Errorf("sleep(device %d, pool (%d, %d)): mode %d: %w", dev, id0, id1, mode, errBadMode)
 			l.SetLastError(err.Error())
 			return err
 		}
-		return l.SleepPool(int(dev), pool(id0, id1), mode == 1, keep != 0)
+		return l.SleepPoolMode(int(dev), pool(id0, id1), []allocator.SleepMode{allocator.Discard, allocator.Offload, allocator.Memset}[mode], keep != 0)
 	}))
 }
 

@@ -52,6 +52,7 @@ void vmmalloc_record_stream(void *ptr, vmmalloc_stream_t stream) {
 
 int vmmalloc_empty_cache(int device) { return vmmgo_empty_cache(device); }
 int vmmalloc_set_memory_fraction(double fraction, int device) { return vmmgo_set_memory_fraction(fraction, device); }
+int vmmalloc_mark_step(int device) { return vmmgo_mark_step(device); }
 int vmmalloc_record_stream_checked(void *ptr, vmmalloc_stream_t stream) {
 	return vmmgo_record_stream((uintptr_t)ptr, (uintptr_t)stream);
 }

@@ -111,6 +111,11 @@ int vmmalloc_empty_cache(int device);
 /* Caps device's mapped memory at fraction (0,1] of its total
  * (torch.cuda.set_per_process_memory_fraction). */
 int vmmalloc_set_memory_fraction(double fraction, int device);
+/* Marks the end of a step (a training iteration, a served batch) on
+ * device's default pool; device -1: all. A step that repeats is served
+ * from one region packed offline; a call that differs sends the rest of
+ * the step to the heap (planned_steps:False in VMMALLOC_CONF: off). */
+int vmmalloc_mark_step(int device);
 /* Marks ptr as used by work on stream (Tensor.record_stream). */
 int vmmalloc_record_stream_checked(void *ptr, vmmalloc_stream_t stream);
 
@@ -127,9 +132,10 @@ int vmmalloc_release_pool(int device, uint64_t id0, uint64_t id1);
  * sleep gives its physical memory back and keeps its addresses; with
  * VMMALLOC_OFFLOAD its allocated bytes are copied to pinned host memory
  * and restored by wake, with VMMALLOC_DISCARD they are undefined after
- * wake. keep_host_buffers keeps the pinned buffers after wake for the
- * next sleep. Expandable pools only (the default). */
-enum { VMMALLOC_DISCARD = 0, VMMALLOC_OFFLOAD = 1 };
+ * wake, with VMMALLOC_MEMSET they read zero after wake (TensorRT-LLM's
+ * MEMSET restore mode). keep_host_buffers keeps the pinned buffers after
+ * wake for the next sleep. Expandable pools only (the default). */
+enum { VMMALLOC_DISCARD = 0, VMMALLOC_OFFLOAD = 1, VMMALLOC_MEMSET = 2 };
 int vmmalloc_sleep(int device, uint64_t id0, uint64_t id1, int mode, int keep_host_buffers);
 int vmmalloc_wake(int device, uint64_t id0, uint64_t id1);
 

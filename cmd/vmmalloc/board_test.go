@@ -82,7 +82,7 @@ func frame(lines ...string) string         { return ansiNoWrap + strings.Join(li
 func up(n int) string                      { return "\x1b[" + strconv.Itoa(n) + "A" + ansiEraseDn }
 func doneRun(idx int, pol string) replay.SweepRun {
 	return replay.SweepRun{Trace: "a", Policy: replay.Policy{Name: pol}, Index: idx, Total: 2, Wall: 1500 * time.Millisecond,
-		Report: &replay.Report{MinCapacity: 3 << 20, MinCapacityOverLive: 1.5, PeakLive: 2 << 20, DriverCallsTotal: 1234}}
+		Report: &replay.Report{MinCapacity: 3 << 20, MinCapacityOverLive: 1.5, PeakLive: 2 << 20, DriverCallsTotal: 1234, SimDriverTime: 56789 * time.Microsecond}}
 }
 
 // TestSweepBoardFrames drives a board over a 1×2 grid with a fake clock
@@ -132,7 +132,7 @@ func TestSweepBoardFrames(t *testing.T) {
 
 	clk.at(ms(720))
 	b.finish(doneRun(0, "classic"))
-	summary := "[1/2] a × classic: min capacity 3.00 MiB (1.5000× peak live 2.00 MiB), 1,234 driver calls, 1.5s"
+	summary := "[1/2] a × classic: min capacity 3.00 MiB (1.5000× peak live 2.00 MiB), 1,234 driver calls (56.789ms simulated), 1.5s"
 	f4 := up(2) + summary + "\n" + frame("a × expandable min-capacity search, 100ms")
 	require.Equal(t, f1+f2+f3+f4, buf.String(), "a finished run collapses into its summary at once")
 
@@ -176,8 +176,8 @@ func TestSweepBoardOffTerminal(t *testing.T) {
 	b.finish(doneRun(0, "classic"))
 	stop()
 	b.close()
-	assert.Equal(t, "[1/2] a × expandable: min capacity 3.00 MiB (1.5000× peak live 2.00 MiB), 1,234 driver calls, 1.5s\n"+
-		"[2/2] a × classic: min capacity 3.00 MiB (1.5000× peak live 2.00 MiB), 1,234 driver calls, 1.5s\n", buf.String())
+	assert.Equal(t, "[1/2] a × expandable: min capacity 3.00 MiB (1.5000× peak live 2.00 MiB), 1,234 driver calls (56.789ms simulated), 1.5s\n"+
+		"[2/2] a × classic: min capacity 3.00 MiB (1.5000× peak live 2.00 MiB), 1,234 driver calls (56.789ms simulated), 1.5s\n", buf.String())
 }
 
 func TestBoardLineClipsLongLabels(t *testing.T) {

@@ -294,6 +294,31 @@ func TestReplayJSON(t *testing.T) {
 		assert.NotContains(t, m, "pytorch_peak_reserved_bytes")
 		assert.NotContains(t, m, "samples")
 		assert.Contains(t, m, "stats")
+		// Simulated driver time beside the calls, by primitive, under the
+		// default cost profile: each primitive called has a time, and they
+		// add up to the total.
+		assert.Equal(t, "a100", m["cost_profile"])
+		times, ok := m["sim_driver_time_by_op_ns"].(map[string]any)
+		require.True(t, ok)
+		var sum float64
+		for op, ns := range times {
+			assert.Contains(t, calls, op)
+			sum += ns.(float64)
+		}
+		assert.Greater(t, times["MallocPhysical"], times["MapMem"], "a100: creating costs more than mapping")
+		assert.Equal(t, m["sim_driver_time_ns"], sum)
+	})
+	t.Run("cost profile", func(t *testing.T) {
+		dir := t.TempDir()
+		path := filepath.Join(dir, "p.json")
+		require.NoError(t, os.WriteFile(path, []byte(`{"format":"vmmalloc-cost-profile/1","name":"mine","ops":{"MapMem":{"per_call_ns":1000}}}`), 0o600))
+		m := decode(t, "replay", "--json", "--cost-profile", path)
+		assert.Equal(t, "mine", m["cost_profile"])
+		calls := m["driver_calls"].(map[string]any)
+		assert.Equal(t, map[string]any{"MapMem": calls["MapMem"].(float64) * 1000}, m["sim_driver_time_by_op_ns"])
+		legacy := decode(t, "replay", "--json", "--cost-profile", "legacy")
+		assert.Equal(t, "legacy", legacy["cost_profile"])
+		assert.Equal(t, m["driver_calls"], legacy["driver_calls"], "the profile changes no decision")
 	})
 	t.Run("min capacity", func(t *testing.T) {
 		m := decode(t, "replay", "--json", "--min-capacity", f["trace.bin"])
@@ -434,6 +459,8 @@ func TestRunErrors(t *testing.T) {
 		{"bad config", []string{"replay", "--config", "nope:1"}, exitUsage, `unknown key "nope"`},
 		{"bad config value", []string{"replay", "--config", "max_split_size_mb:1"}, exitUsage, "max_split_size_mb"},
 		{"bad capacity", []string{"replay", "--capacity", "lots"}, exitUsage, "--capacity"},
+		{"unknown cost profile", []string{"replay", "--cost-profile", "b200"}, exitUsage, "--cost-profile"},
+		{"sweep unknown cost profile", []string{"sweep", "--cost-profile", "b200", f["trace.bin"]}, exitUsage, "--cost-profile"},
 		{"zero capacity", []string{"replay", "--capacity", "0"}, exitUsage, "--capacity"},
 		{"bad format", []string{"replay", "--format", "xml", f["trace.bin"]}, exitUsage, `unknown format "xml"`},
 		{"negative device", []string{"replay", "--device", "-1", f["snap.pickle"]}, exitUsage, "--device"},

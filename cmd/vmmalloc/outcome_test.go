@@ -161,7 +161,7 @@ func TestSweepCommand(t *testing.T) {
 	assert.Equal(t, "sweeping 3 traces × 2 policies", lines[0])
 	seen := map[string]bool{}
 	for _, l := range lines[1:7] {
-		assert.Regexp(t, `^\[[1-6]/6\] (tiny|trace|snap) × (expandable|classic): min capacity [0-9.]+ [KMG]iB \([0-9.]+× peak live [0-9.]+ [KMG]iB\), [0-9,]+ driver calls, `, l)
+		assert.Regexp(t, `^\[[1-6]/6\] (tiny|trace|snap) × (expandable|classic): min capacity [0-9.]+ [KMG]iB \([0-9.]+× peak live [0-9.]+ [KMG]iB\), [0-9,]+ driver calls \([0-9.]+(µs|ms|s) simulated\), `, l)
 		seen[l[:strings.Index(l, "]")]] = true
 	}
 	assert.Len(t, seen, 6, "one progress line per run")

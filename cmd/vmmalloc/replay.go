@@ -8,10 +8,12 @@ import (
 	"os"
 	"slices"
 	"strings"
+	"time"
 
 	"github.com/dustin/go-humanize"
 	"github.com/vmmalloc/vmmalloc/allocator"
 	"github.com/vmmalloc/vmmalloc/backend/drivers"
+	"github.com/vmmalloc/vmmalloc/backend/emulated"
 	"github.com/vmmalloc/vmmalloc/benchmarks/replay"
 	"github.com/vmmalloc/vmmalloc/benchmarks/trace"
 	"github.com/vmmalloc/vmmalloc/benchmarks/workload"
@@ -36,6 +38,25 @@ type replayFlags struct {
 	backend  string
 	snapshot string // PyTorch memory snapshot output file
 	entries  int    // history entries the snapshot keeps
+	passes   int    // warm passes with MarkStep after each (planned steps); 0: one replay
+	cost     string // cost profile name or file
+}
+
+// costProfileChoices lists the built-in cost profiles for flag help.
+var costProfileChoices = strings.Join(emulated.CostProfileNames(), ", ")
+
+// setCostProfile sets opts' cost model to the built-in profile or the
+// profile file nameOrPath.
+func setCostProfile(opts *replay.Options, nameOrPath string) error {
+	p, err := emulated.LoadCostProfile(nameOrPath)
+	if err != nil {
+		return usagef("--cost-profile: %v", err)
+	}
+	opts.CostModel, opts.CostProfile = &p.Model, p.Name
+	if opts.CostProfile == "" {
+		opts.CostProfile = nameOrPath
+	}
+	return nil
 }
 
 // jsonReport is the --json output: the report's fields at the top level,
@@ -82,6 +103,8 @@ func cmdReplay(args []string, stdout, stderr io.Writer) error {
 	fs.StringVar(&f.backend, "backend", "", "`driver` to replay on: "+backendChoices+" (default: the config's backend key, else emulated)")
 	fs.StringVar(&f.snapshot, "snapshot", "", "write a PyTorch memory snapshot of the replay (for pytorch.org/memory_viz) to `file`; a .html file opens the viewer")
 	fs.IntVar(&f.entries, "snapshot-entries", replay.DefaultSnapshotEntries, "newest history entries the --snapshot keeps")
+	fs.IntVar(&f.passes, "passes", 0, "replay the trace's Mallocs and Frees `N` times warm on one allocator, MarkStep after each, with planned steps on and off (the baseline), and report each pass")
+	fs.StringVar(&f.cost, "cost-profile", emulated.DefaultCostProfile, "driver cost profile of the simulated driver time: "+costProfileChoices+", or a profile `file` (backend/cuda/gpucheck.sh --profile writes one)")
 	pos, err := parseArgs(fs, args)
 	if err != nil {
 		return err
@@ -99,6 +122,12 @@ func cmdReplay(args []string, stdout, stderr io.Writer) error {
 	if f.samples && !f.asJSON {
 		return usagef("--samples needs --json (the time series is part of the JSON report; --svg plots it)")
 	}
+	if f.passes < 0 || f.passes > maxPasses {
+		return usagef("--passes %d: want 1 to %d", f.passes, maxPasses)
+	}
+	if f.passes > 0 && (f.compare || f.minCap || f.snapshot != "" || f.svg != "" || f.samples || f.backend != "") {
+		return usagef("--passes replays warm on the emulator; it cannot be combined with --compare, --min-capacity, --snapshot, --svg, --samples or --backend")
+	}
 	if f.snapshot != "" && f.compare {
 		return usagef("--snapshot records one replay; it cannot be combined with --compare")
 	}
@@ -111,6 +140,9 @@ func cmdReplay(args []string, stdout, stderr io.Writer) error {
 		return err
 	}
 	opts := replay.Options{Name: policyLabel(given, cfg), Config: cfg, Check: f.check, IgnoreReleases: !f.releases}
+	if err := setCostProfile(&opts, f.cost); err != nil {
+		return err
+	}
 	if f.capacity != "" {
 		c, err := humanize.ParseBytes(f.capacity)
 		if err != nil || c == 0 {
@@ -140,6 +172,9 @@ func cmdReplay(args []string, stdout, stderr io.Writer) error {
 	label := "replay"
 	if in.info.Name != "" {
 		label = in.info.Name
+	}
+	if f.passes > 0 {
+		return replayPasses(stdout, in, cfg, opts.Capacity, opts, f)
 	}
 	if backendName != drivers.DefaultName {
 		return replayOnBackend(backendName, cfg, in, f.asJSON, stdout)
@@ -437,4 +472,75 @@ func ratioOf(a, b uint64) float64 {
 		return 0
 	}
 	return float64(a) / float64(b)
+}
+
+// simDur formats simulated nanoseconds for the passes table.
+func simDur(ns int64) string { return time.Duration(ns).Round(time.Microsecond).String() }
+
+// costName names the cost profile opts price driver calls with.
+func costName(opts replay.Options) string {
+	if opts.CostProfile != "" {
+		return opts.CostProfile
+	}
+	return emulated.DefaultCostProfile
+}
+
+// maxPasses bounds --passes.
+const maxPasses = 1000
+
+// passesJSON is the --passes --json output.
+type passesJSON struct {
+	Input    string               `json:"input"`
+	Passes   int                  `json:"passes"`
+	Planned  *replay.PassesReport `json:"planned"`
+	Baseline *replay.PassesReport `json:"baseline"`
+}
+
+// replayPasses is replay --passes: the warm passes with planned steps on,
+// then off as the baseline.
+func replayPasses(w io.Writer, in *input, cfg allocator.Config, capacity uint64, opts replay.Options, f replayFlags) error {
+	events, err := in.all()
+	if err != nil {
+		return err
+	}
+	on, off := cfg, cfg
+	on.PlannedSteps, off.PlannedSteps = true, false
+	var eopts []emulated.Option
+	if opts.CostModel != nil {
+		eopts = append(eopts, emulated.WithCostModel(*opts.CostModel))
+	}
+	planned, err := replay.WarmPasses(events, on, capacity, f.passes, eopts...)
+	if err != nil {
+		return fmt.Errorf("planned steps on: %w", err)
+	}
+	base, err := replay.WarmPasses(events, off, capacity, f.passes, eopts...)
+	if err != nil {
+		return fmt.Errorf("planned steps off: %w", err)
+	}
+	if f.asJSON {
+		enc := json.NewEncoder(w)
+		enc.SetIndent("", "  ")
+		return enc.Encode(passesJSON{Input: in.name, Passes: f.passes, Planned: planned, Baseline: base})
+	}
+	fmt.Fprintf(w, "%s: %d warm passes, MarkStep after each\n\n", in.name, f.passes)
+	fmt.Fprintf(w, "%-5s  %-9s  %14s  %14s  %9s  %8s  %10s  %9s  |  %14s  %9s  %8s  %10s  %9s\n",
+		"pass", "state", "live peak", "reserved peak", "res/live", "drv", "drv time", "ns/call", "base reserved", "res/live", "drv", "drv time", "ns/call")
+	for i, p := range planned.Passes {
+		b := base.Passes[i]
+		fmt.Fprintf(w, "%-5d  %-9s  %14d  %14d  %9.4f  %8d  %10s  %9.1f  |  %14d  %9.4f  %8d  %10s  %9.1f\n",
+			p.Pass, p.State, p.PeakLiveBytes, p.PeakReservedBytes, ratioOf(p.PeakReservedBytes, p.PeakLiveBytes), p.DriverCalls, simDur(p.SimDriverNs), p.NsPerCall,
+			b.PeakReservedBytes, ratioOf(b.PeakReservedBytes, b.PeakLiveBytes), b.DriverCalls, simDur(b.SimDriverNs), b.NsPerCall)
+	}
+	fmt.Fprintf(w, "\nsteady (last pass)     planned: reserved %d (%.4f × live), %d driver calls (%s simulated), %.1f ns/call\n",
+		planned.SteadyPeakReservedBytes, planned.SteadyReservedOverLive, planned.SteadyDriverCalls, simDur(planned.SteadySimDriverNs), planned.SteadyNsPerCall)
+	fmt.Fprintf(w, "                       baseline: reserved %d (%.4f × live), %d driver calls (%s simulated), %.1f ns/call\n",
+		base.SteadyPeakReservedBytes, base.SteadyReservedOverLive, base.SteadyDriverCalls, simDur(base.SteadySimDriverNs), base.SteadyNsPerCall)
+	fmt.Fprintf(w, "simulated driver time: cost profile %s\n", costName(opts))
+	if planned.PlanBytes > 0 {
+		fmt.Fprintf(w, "plan: %d blocks, %d bytes (region %d) for %d bytes of peak live planned blocks (%.4f×), %d divergences\n",
+			planned.PlannedBlocks, planned.PlanBytes, planned.RegionBytes, planned.PlanPeakLiveBytes, planned.PlanOverPeakLive, planned.Divergences)
+	} else {
+		fmt.Fprintf(w, "plan: none (%d divergences)\n", planned.Divergences)
+	}
+	return nil
 }

@@ -12,6 +12,7 @@ import (
 
 	"github.com/dustin/go-humanize"
 	"github.com/vmmalloc/vmmalloc/allocator"
+	"github.com/vmmalloc/vmmalloc/backend/emulated"
 	"github.com/vmmalloc/vmmalloc/benchmarks/replay"
 )
 
@@ -51,6 +52,7 @@ func cmdSweep(args []string, stdout, stderr io.Writer) error {
 	format := fs.String("format", fmtAuto, "input format of every trace: auto, binary, text, pytorch or rmm")
 	device := fs.Int("device", 0, "device index of PyTorch snapshots")
 	strict := fs.Bool("strict", false, "fail when a trace frees unknown blocks or allocates blocks already live")
+	costProfile := fs.String("cost-profile", emulated.DefaultCostProfile, "driver cost profile of the simulated driver time: "+costProfileChoices+", or a profile `file`")
 	pos, err := parseArgs(fs, args)
 	if err != nil {
 		return err
@@ -90,6 +92,9 @@ func cmdSweep(args []string, stdout, stderr io.Writer) error {
 		}
 	}
 	opts := replay.Options{MinCapacity: true}
+	if err := setCostProfile(&opts, *costProfile); err != nil {
+		return err
+	}
 	if *capacity != "" {
 		c, err := humanize.ParseBytes(*capacity)
 		if err != nil || c == 0 || c > replay.MaxSearchCapacity {
@@ -202,9 +207,10 @@ func loadTraces(paths []string, format string, device int) (traces []replay.Swee
 // runLine is the progress line of a run, the done-th to finish.
 func runLine(r replay.SweepRun, done int) string {
 	rep := r.Report
-	return fmt.Sprintf("[%d/%d] %s × %s: min capacity %s (%.4f× peak live %s), %s driver calls, %s",
+	return fmt.Sprintf("[%d/%d] %s × %s: min capacity %s (%.4f× peak live %s), %s driver calls (%s simulated), %s",
 		done, r.Total, r.Trace, r.Policy.Name, replay.FormatBytes(rep.MinCapacity), rep.MinCapacityOverLive,
-		replay.FormatBytes(rep.PeakLive), replay.FormatCount(rep.DriverCallsTotal), r.Wall.Round(time.Millisecond))
+		replay.FormatBytes(rep.PeakLive), replay.FormatCount(rep.DriverCallsTotal), rep.SimDriverTime.Round(time.Microsecond),
+		r.Wall.Round(time.Millisecond))
 }
 
 // writeFile creates path and writes it with write, removing it on error.

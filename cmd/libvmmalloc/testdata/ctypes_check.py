@@ -36,6 +36,7 @@ lib.vmmalloc_stats_json.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_size
 lib.vmmalloc_last_error.restype = ctypes.c_size_t
 lib.vmmalloc_last_error.argtypes = [ctypes.c_char_p, ctypes.c_size_t]
 lib.vmmalloc_set_memory_fraction.argtypes = [ctypes.c_double, ctypes.c_int]
+lib.vmmalloc_mark_step.argtypes = [ctypes.c_int]
 lib.vmmalloc_begin_allocate_to_pool.argtypes = [ctypes.c_int, u64, u64]
 lib.vmmalloc_end_allocate_to_pool.argtypes = [ctypes.c_int, u64, u64]
 lib.vmmalloc_release_pool.argtypes = [ctypes.c_int, u64, u64]
@@ -89,8 +90,16 @@ assert lib.vmmalloc_set_memory_fraction(0.25, 0) == 0
 assert alloc(300 * MIB, 0, None) is None
 oom = last_error()
 assert "out of memory" in oom and "allowed" in oom, oom
+# The whole message, one line, as long as the error's: no fixed buffer
+# cuts it (the figures and the advice come last).
+assert "largest free block" in oom and "Advice:" in oom and oom.endswith("."), oom
+assert "\n" not in oom and len(oom) > 300, oom
+short = ctypes.create_string_buffer(16)
+assert lib.vmmalloc_last_error(short, 16) == len(oom.encode()) and short.value == oom.encode()[:15]
 assert lib.vmmalloc_set_memory_fraction(0.0, 0) == -1 and "outside (0,1]" in last_error()
 assert lib.vmmalloc_set_memory_fraction(1.0, 0) == 0
+assert lib.vmmalloc_mark_step(0) == 0
+assert lib.vmmalloc_mark_step(-1) == 0
 assert lib.vmmalloc_empty_cache(-1) == 0
 print("ok: OOM under a memory fraction returns NULL:", oom)
 

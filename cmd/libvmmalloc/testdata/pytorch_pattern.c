@@ -352,6 +352,7 @@ static void oom_and_fraction(void) {
 	void *p = v_alloc(700 * MIB, 0, NULL);
 	CHECK(p == NULL, "700 MiB more on a 1 GiB device");
 	CHECK(strstr(last_error(), "out of memory"), "OOM message");
+	CHECK(strstr(last_error(), "largest free block") && strstr(last_error(), "Advice: "), "OOM message whole, with its figures and advice");
 	printf("ok: OOM returns NULL: %s\n", last_error());
 	v_free(big, 700 * MIB, 0, NULL);
 	CHECK(v_empty_cache(0) == 0, "empty_cache");
@@ -402,6 +403,11 @@ static void pools_sleep_wake(void) {
 	for (int i = 0; i < 1000; i++)
 		CHECK(w2[i] == 0x5A, "weights byte %d after wake", i);
 	memset(kv, 0x22, 16 * MIB); // discarded contents, but writable
+	CHECK(v_sleep(0, K0, K1, VMMALLOC_MEMSET, 0) == 0, "sleep kv (memset)");
+	CHECK(v_wake(0, K0, K1) == 0, "wake kv (memset)");
+	for (size_t i = 0; i < 16 * MIB; i++)
+		CHECK(kv[i] == 0, "kv byte %zu is zero after a memset wake", i);
+	CHECK(v_sleep(0, K0, K1, 3, 0) == -1 && strstr(last_error(), "VMMALLOC_MEMSET"), "unknown sleep mode");
 	CHECK(stat(0, "reserved_bytes.all.current") >= reserved - (long long)(2 * MIB), "wake mapped back");
 	CHECK(v_release(0, W0, W1) == -1 && strstr(last_error(), "live allocations"), "release busy pool");
 	v_free(w, 0, 0, NULL);
@@ -409,7 +415,7 @@ static void pools_sleep_wake(void) {
 	v_free(kv, 0, 0, NULL);
 	v_free(d, 0, 0, NULL);
 	CHECK(v_release(0, W0, W1) == 0 && v_release(0, K0, K1) == 0, "release pools");
-	printf("ok: pool scopes (nested), sleep (offload and discard) and wake with contents checked, release\n");
+	printf("ok: pool scopes (nested), sleep (offload, discard and memset) and wake with contents checked, release\n");
 }
 
 int main(int argc, char **argv) {
