@@ -32,18 +32,33 @@
 // mapped for the device with one HostRegister(MAPPED); its device address
 // (HostGetDevicePointer) is learnt once and stays valid for the chunk's
 // life, so DevicePointer of any byte of a block is the chunk's plus the
-// offset, without a driver call. A chunk is a region of an arena.Heap,
-// the block heap the device allocator uses: a request, rounded up to a 4
-// KiB page, takes the best-fitting free block (split, the rest stays
-// free), and a freed block merges with its free neighbours. A request no
-// free block fits maps a new chunk of the request rounded up to the
-// granule, so a 20.4 GiB request pins 20.4 GiB (TestLargeRequestPinsWhatItAsks;
-// the size classes pin 22 GiB, PyTorch's power-of-two classes 32 GiB).
-// A chunk that is wholly free is unmapped under pressure (the out-of-memory
+// offset, without a driver call. Each reservation is a region of an
+// arena.Heap, the block heap the device allocator uses, Unmapped where no
+// chunk is mapped: a request, rounded up to a 4 KiB page, takes the
+// best-fitting free block (split, the rest stays free), and a freed block
+// merges with its free neighbours, across chunks too. A request no free
+// block fits maps a chunk where it pins least: next to the free block at
+// the end of a chunk (or the start of the next), the chunk being the
+// request less that free block, rounded up to the granule, or else a chunk
+// of the whole request rounded up to the granule, so a 20.4 GiB request
+// pins 20.4 GiB (TestLargeRequestPinsWhatItAsks; the size classes pin 22
+// GiB, PyTorch's power-of-two classes 32 GiB). The range is Mapping in the
+// heap while the driver works with the lock dropped, and joins its
+// neighbours only once registered and only if its device addresses
+// continue theirs: with CUDA's unified addressing the device address of
+// registered memory is its host address, so adjacent chunks always are;
+// where a driver places a chunk elsewhere (ACL, the emulator after an
+// unregister), the chunk is unmapped and mapped again a granule away from
+// every other, so no block spans device addresses that are not
+// contiguous. A fault while mapping leaves the range Unmapped, joined to
+// nothing. Chunks are unmapped whole under pressure (the out-of-memory
 // ladder, EmptyCache, Close; with pinned_release_on_grow also before a new
-// chunk is mapped): HostUnregister, then madvise(MADV_DONTNEED) and
+// chunk is mapped), any chunk that lies wholly in free memory, between
+// others too: HostUnregister, then madvise(MADV_DONTNEED) and
 // mprotect(PROT_NONE) give the pages back and leave the address space
-// reserved for the next chunk. MallocHost memory is never used: CUDA
+// reserved (Unmapped) for the next chunk. A chunk whose registration the
+// driver refuses to undo after a failed mapping stays counted as pinned
+// until a later release undoes it. MallocHost memory is never used: CUDA
 // refuses to register memory cuMemHostAlloc pinned (CUDA_ERROR_INVALID_VALUE,
 // measured on an H200), and the register path is the one both drivers
 // support.
@@ -56,8 +71,7 @@
 //	                   ▲                                              │
 //	                   └──────── events complete: merged ─────────────┘
 //
-// A block stays within its chunk: two chunks are two registrations, whose
-// device addresses need not be contiguous. A small per-size fast cache
+// A small per-size fast cache
 // (blocks up to 1 MiB, at most max(4 MiB, 1/64 of what is pinned)) keeps
 // freed blocks out of the heap, so the cache hit is a slice pop, as in
 // the size-class policy; it is flushed into the heap on a miss before a
@@ -68,8 +82,8 @@
 // cuMemSetAccess into a range from cuMemAddressReserve) a chunk would be a
 // physical host handle mapped into a device-visible reservation instead of
 // registered OS memory: mapChunk and releaseChunk are the two places that
-// change, and blocks could then span chunks as the device allocator's do,
-// since the mapping fixes the device address.
+// change, and the device-contiguity check would always pass, since the
+// mapping fixes the device address.
 //
 // Measured (BenchmarkPoliciesOnTraces, the shared PyTorch snapshots
 // replayed as pinned staging three steps in a row; hit% counts all three):

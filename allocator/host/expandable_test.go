@@ -249,17 +249,20 @@ func TestProcessPinBudget(t *testing.T) {
 // chunk, the free chunks are unmapped and the pin retried; in a steady
 // loop no chunk is pinned or unpinned after the first pass.
 func TestExpandableLadderUnmapsFreeChunks(t *testing.T) {
-	a, e := newExpandable(t, "pinned_budget_mb:8")
-	p, err := a.Malloc(5 * mib) // a 6 MiB chunk
+	a, e := newExpandable(t, "pinned_budget_mb:10")
+	p, err := a.Malloc(4 * mib) // chunk A, 4 MiB
 	require.NoError(t, err)
-	require.NoError(t, a.Free(p))
-	q, err := a.Malloc(7 * mib) // an 8 MiB chunk: the 6 MiB one must go first
+	r, err := a.Malloc(2 * mib) // chunk B, 2 MiB, after A
+	require.NoError(t, err)
+	require.NoError(t, a.Free(p)) // A wholly free; B's block keeps it from the unmapped range after B
+	q, err := a.Malloc(6 * mib)   // a 6 MiB chunk after B: 12 MiB > 10, so A must go first
 	require.NoError(t, err)
 	st := a.Stats()
 	assert.Equal(t, int64(8*mib), st.ReservedBytes.Current)
-	assert.Equal(t, int64(2), st.NumHostAlloc)
+	assert.Equal(t, int64(3), st.NumHostAlloc)
 	assert.Equal(t, int64(1), st.NumHostFree)
 	assert.Equal(t, int64(1), st.NumBudgetDenials)
+	require.NoError(t, a.Free(r))
 	require.NoError(t, a.Free(q))
 	mustCheck(t, a, e)
 
@@ -493,20 +496,23 @@ func TestReleaseOnGrow(t *testing.T) {
 		held, unpn int64
 	}{
 		{"pinned_release_on_grow:True", 8 * mib, 1},
-		{"pinned_release_on_grow:False", 14 * mib, 0},
+		{"pinned_release_on_grow:False", 12 * mib, 0},
 	} {
 		t.Run(tc.conf, func(t *testing.T) {
 			a, e := newExpandable(t, tc.conf)
-			p, err := a.Malloc(5 * mib) // a 6 MiB chunk
+			p, err := a.Malloc(4 * mib) // chunk A, 4 MiB
+			require.NoError(t, err)
+			r, err := a.Malloc(2 * mib) // chunk B after A
 			require.NoError(t, err)
 			require.NoError(t, a.Free(p))
-			q, err := a.Malloc(7 * mib) // does not fit: an 8 MiB chunk
+			q, err := a.Malloc(6 * mib) // A is too small: a 6 MiB chunk after B
 			require.NoError(t, err)
 			st := a.Stats()
 			assert.Equal(t, tc.held, st.ReservedBytes.Current)
 			assert.Equal(t, tc.unpn, st.NumHostFree)
 			assert.Zero(t, st.NumBudgetDenials)
 			require.NoError(t, a.Free(q))
+			require.NoError(t, a.Free(r))
 			mustCheck(t, a, e)
 		})
 	}
