@@ -429,10 +429,26 @@ func (a *Allocator) checkExp(want *Stats, pending *int) error {
 	}
 	var fastBytes uint64
 	seen := make(map[*block]bool)
+	lists := make(map[uint64][]*block, len(s.fast)+len(s.big))
 	for i, l := range s.fast {
+		if len(l) > 0 && s.fastSet[i/64]&(1<<(i%64)) == 0 {
+			return corrupt("fast cache list of %d pages is not marked", i)
+		}
+		lists[uint64(i)<<pageShift] = l
+	}
+	for _, l := range s.big {
+		if len(l.blocks) == 0 {
+			continue
+		}
+		if l.size <= fastPages*pageSize || len(lists[l.size]) != 0 {
+			return corrupt("fast cache keeps a list of %d-byte blocks twice, or among the big sizes", l.size)
+		}
+		lists[l.size] = l.blocks
+	}
+	for size, l := range lists {
 		for _, b := range l {
-			if b == nil || seen[b] || b.state != stateCached || b.size != uint64(i)<<pageShift || s.byID[b.id] != b {
-				return corrupt("fast cache list of %d pages holds a bad block", i)
+			if b == nil || seen[b] || b.state != stateCached || b.size != size || s.byID[b.id] != b {
+				return corrupt("fast cache list of %d-byte blocks holds a bad block", size)
 			}
 			seen[b] = true
 			fastBytes += b.size

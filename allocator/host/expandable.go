@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	mathbits "math/bits"
 
 	"github.com/vmmalloc/vmmalloc/arena"
 	"github.com/vmmalloc/vmmalloc/backend"
@@ -22,8 +23,10 @@ const (
 	reserveSize = 4 << 30
 	maxReserve  = 1 << 40
 	// fastPages is the largest request, in pages, the per-size fast cache
-	// in front of the block heap keeps (1 MiB).
+	// in front of the block heap indexes by size (1 MiB); bigSizes is how
+	// many larger sizes it keeps at once.
 	fastPages = 256
+	bigSizes  = 8
 	// fastMinCap is the least the fast cache may hold, nbytes; it may also
 	// hold fastShift-th of the bytes pinned (ReservedBytes >> fastShift).
 	fastMinCap = 4 << 20
@@ -46,6 +49,13 @@ type segments struct {
 	resv []vaRange               // every reservation, for Close to unmap
 	byID []*block                // the record of each Allocated heap block, by BlockID (nil: none)
 	fast [fastPages + 1][]*block // cached blocks of i pages kept out of the heap, LIFO
+	// fastSet has bit i set when fast[i] may be non-empty, so a flush
+	// visits only those lists.
+	fastSet [(fastPages + 64) / 64]uint64
+	// big are the cached blocks larger than fastPages pages kept out of
+	// the heap, LIFO, a list per size: the exact-size reuse of large
+	// staging buffers, as cheap as a small block's.
+	big [bigSizes]bigList
 	// fastBytes is the nbytes in fast.
 	fastBytes uint64
 	spare     []*block // recycled block records (so a cache hit allocates nothing)
@@ -61,6 +71,38 @@ type segments struct {
 type stuckChunk struct {
 	c *chunk
 	m arena.BlockID
+}
+
+// bigList is the cached blocks of one size larger than fastPages pages.
+type bigList struct {
+	size   uint64 // nbytes of each block; any when blocks is empty
+	blocks []*block
+}
+
+// fastList is the fast cache list for blocks of n bytes (a whole number
+// of pages), or nil when there is none; with add, an empty list of the
+// big sizes is taken for n if no list has n. mu held.
+func (s *segments) fastList(n uint64, add bool) *[]*block {
+	if n <= fastPages*pageSize {
+		if add {
+			s.fastSet[n>>pageShift/64] |= 1 << (n >> pageShift % 64)
+		}
+		return &s.fast[n>>pageShift]
+	}
+	free := -1
+	for i := range s.big {
+		if s.big[i].size == n {
+			return &s.big[i].blocks
+		}
+		if free < 0 && len(s.big[i].blocks) == 0 {
+			free = i
+		}
+	}
+	if add && free >= 0 {
+		s.big[free].size = n
+		return &s.big[free].blocks
+	}
+	return nil
 }
 
 // vaRange is a reservation: a region of segments.heap.
@@ -122,31 +164,28 @@ func (a *Allocator) lookup(ptr uintptr) *block {
 func (a *Allocator) mallocExp(size uint64) (*block, error) {
 	s := a.exp
 	n := roundPage(size)
-	if n <= fastPages*pageSize {
-		if l := s.fast[n>>pageShift]; len(l) > 0 {
-			b := l[len(l)-1]
-			l[len(l)-1] = nil
-			s.fast[n>>pageShift] = l[:len(l)-1]
-			s.fastBytes -= n
-			a.st.CacheHits++
-			return b, nil
-		}
-	}
-	if id, addr, got := s.heap.AllocFit(s.sid, 0, n, size, math.MaxUint64, pageSize); id != arena.NoBlock {
+	if l := s.fastList(n, false); l != nil && len(*l) > 0 {
+		k := len(*l) - 1
+		b := (*l)[k]
+		(*l)[k] = nil
+		*l = (*l)[:k]
+		s.fastBytes -= n
 		a.st.CacheHits++
-		return a.record(id, addr, got), nil
+		return b, nil
 	}
-	// A miss. Blocks of the fast cache may be what keeps a free range too
-	// small: give them back to the heap and look again. Then unmap the
+	// Not in the fast cache. Its blocks, kept out of the heap, may be
+	// what keeps free ranges apart: give them back first, so that best
+	// fit sees every free byte (each block is flushed at most once per
+	// Free, so this costs O(1) per call, amortised). Then unmap the
 	// chunks that are wholly free (none can serve the request, and
 	// pinned memory that serves nothing is what the policy exists to
 	// avoid) before a new one is mapped.
 	if s.fastBytes > 0 {
 		a.flushFast()
-		if id, addr, got := s.heap.AllocFit(s.sid, 0, n, size, math.MaxUint64, pageSize); id != arena.NoBlock {
-			a.st.CacheHits++
-			return a.record(id, addr, got), nil
-		}
+	}
+	if id, addr, got := s.heap.AllocFit(s.sid, 0, n, size, math.MaxUint64, pageSize); id != arena.NoBlock {
+		a.st.CacheHits++
+		return a.record(id, addr, got), nil
 	}
 	if a.cfg.ReleaseOnGrow {
 		_ = a.releaseChunks() // a chunk the driver refuses to unmap stays
@@ -178,11 +217,13 @@ func (a *Allocator) record(id arena.BlockID, addr uintptr, size uint64) *block {
 // with its free neighbours. mu held.
 func (a *Allocator) cacheExp(b *block) {
 	s := a.exp
-	if b.size <= fastPages*pageSize && s.fastBytes+b.size <= max(fastMinCap, uint64(a.st.ReservedBytes.Current)>>fastShift) {
-		b.state = stateCached
-		s.fast[b.size>>pageShift] = append(s.fast[b.size>>pageShift], b)
-		s.fastBytes += b.size
-		return
+	if s.fastBytes+b.size <= max(fastMinCap, uint64(a.st.ReservedBytes.Current)>>fastShift) {
+		if l := s.fastList(b.size, true); l != nil {
+			b.state = stateCached
+			*l = append(*l, b)
+			s.fastBytes += b.size
+			return
+		}
 	}
 	a.toHeap(b)
 }
@@ -206,12 +247,23 @@ func (a *Allocator) toHeap(b *block) {
 // held.
 func (a *Allocator) flushFast() {
 	s := a.exp
-	for i := range s.fast {
-		for _, b := range s.fast[i] {
+	for w, bits := range s.fastSet {
+		for ; bits != 0; bits &= bits - 1 {
+			i := w*64 + mathbits.TrailingZeros64(bits)
+			for _, b := range s.fast[i] {
+				a.toHeap(b)
+			}
+			clear(s.fast[i])
+			s.fast[i] = s.fast[i][:0]
+		}
+		s.fastSet[w] = 0
+	}
+	for i := range s.big {
+		for _, b := range s.big[i].blocks {
 			a.toHeap(b)
 		}
-		clear(s.fast[i])
-		s.fast[i] = s.fast[i][:0]
+		clear(s.big[i].blocks)
+		s.big[i].blocks = s.big[i].blocks[:0]
 	}
 	s.fastBytes = 0
 }
