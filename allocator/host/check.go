@@ -1,7 +1,9 @@
 package host
 
 import (
+	"cmp"
 	"fmt"
+	"slices"
 
 	"github.com/vmmalloc/vmmalloc/arena"
 	"github.com/vmmalloc/vmmalloc/backend"
@@ -310,12 +312,66 @@ func (a *Allocator) checkChunk(c *chunk, s span) error {
 	if c.base != s.start || s.end-s.start != uintptr(c.size) || c.size == 0 || c.size%ChunkGranule != 0 || c.devPtr == 0 {
 		return corrupt("chunk %#x+%d (device %#x) indexed as [%#x,%#x)", c.base, c.size, c.devPtr, s.start, s.end)
 	}
-	info, ok := a.exp.heap.Region(c.rid)
-	if !ok || info.Base != c.base || info.Size != c.size {
-		return corrupt("chunk %#x+%d is region %d of the heap: %+v", c.base, c.size, c.rid, info)
+	if rid := a.exp.heap.RegionAt(c.base); rid == 0 || a.exp.heap.RegionAt(c.end()-1) != rid {
+		return corrupt("chunk %#x+%d does not lie in one reservation", c.base, c.size)
 	}
-	if a.exp.va.RegionAt(c.base) == 0 || a.exp.va.Lookup(c.base) == 0 || a.exp.va.Size(a.exp.va.Lookup(c.base)) != c.size {
-		return corrupt("chunk %#x+%d is not an allocated range of a reservation", c.base, c.size)
+	return nil
+}
+
+// checkChunks checks the reservations' blocks against the chunks: no
+// chunk overlaps an Unmapped or Mapping block, every other block lies in
+// chunks, and adjacent chunks of a reservation are device-contiguous. mu
+// held.
+func (a *Allocator) checkChunks() error {
+	s := a.exp
+	var cs []*chunk
+	a.spans.Ascend(func(sp span) bool {
+		if sp.c != nil {
+			cs = append(cs, sp.c)
+		}
+		return true
+	})
+	for j := 1; j < len(cs); j++ {
+		lo, hi := cs[j-1], cs[j]
+		if lo.end() == hi.base && s.heap.RegionAt(lo.base) == s.heap.RegionAt(hi.base) && lo.devPtr+uintptr(lo.size) != hi.devPtr {
+			return corrupt("adjacent chunks %#x and %#x are at device addresses %#x and %#x, not contiguous", lo.base, hi.base, lo.devPtr, hi.devPtr)
+		}
+	}
+	mapping := 0
+	for _, r := range s.resv {
+		info, ok := s.heap.Region(r.rid)
+		if !ok || info.Base != r.base || info.Size != r.size {
+			return corrupt("reservation %#x+%d is region %d of the heap: %+v", r.base, r.size, r.rid, info)
+		}
+		for id := info.Head; id != arena.NoBlock; id = s.heap.Next(id) {
+			p, _ := s.heap.Peek(id)
+			end := p.Addr + uintptr(p.Size)
+			j, _ := slices.BinarySearchFunc(cs, p.Addr, func(c *chunk, at uintptr) int { return cmp.Compare(c.end(), at+1) })
+			switch p.State {
+			case arena.Unmapped, arena.Mapping:
+				if p.State == arena.Mapping {
+					mapping++
+				}
+				if j < len(cs) && cs[j].base < end {
+					return corrupt("%v block %#x+%d overlaps chunk %#x", p.State, p.Addr, p.Size, cs[j].base)
+				}
+			default:
+				for at := p.Addr; at < end; j++ {
+					if j >= len(cs) || cs[j].base > at {
+						return corrupt("%v block %#x+%d: %#x lies in no chunk", p.State, p.Addr, p.Size, at)
+					}
+					at = cs[j].end()
+				}
+			}
+		}
+	}
+	for _, k := range s.stuck {
+		if p, ok := s.heap.Peek(k.m); !ok || p.State != arena.Mapping || p.Addr != k.c.base || p.Size != k.c.size {
+			return corrupt("stuck chunk %#x+%d is heap block %d: %+v", k.c.base, k.c.size, k.m, p)
+		}
+	}
+	if mapping < len(s.stuck) || mapping > len(s.stuck)+a.inflight {
+		return corrupt("%d blocks being mapped, %d kept by the driver and %d driver calls in flight", mapping, len(s.stuck), a.inflight)
 	}
 	return nil
 }
@@ -327,8 +383,12 @@ func (a *Allocator) checkExp(want *Stats, pending *int) error {
 	if err := s.heap.Check(); err != nil {
 		return fmt.Errorf("%w: block heap: %w", ErrCorrupt, err)
 	}
-	if err := s.va.Check(); err != nil {
-		return fmt.Errorf("%w: reservations: %w", ErrCorrupt, err)
+	if err := a.checkChunks(); err != nil {
+		return err
+	}
+	for _, k := range s.stuck {
+		want.Segment.Add(1)
+		want.ReservedBytes.Add(int64(k.c.size))
 	}
 	n := 0
 	for id, b := range s.byID {
@@ -369,10 +429,26 @@ func (a *Allocator) checkExp(want *Stats, pending *int) error {
 	}
 	var fastBytes uint64
 	seen := make(map[*block]bool)
+	lists := make(map[uint64][]*block, len(s.fast)+len(s.big))
 	for i, l := range s.fast {
+		if len(l) > 0 && s.fastSet[i/64]&(1<<(i%64)) == 0 {
+			return corrupt("fast cache list of %d pages is not marked", i)
+		}
+		lists[uint64(i)<<pageShift] = l
+	}
+	for _, l := range s.big {
+		if len(l.blocks) == 0 {
+			continue
+		}
+		if l.size <= fastPages*pageSize || len(lists[l.size]) != 0 {
+			return corrupt("fast cache keeps a list of %d-byte blocks twice, or among the big sizes", l.size)
+		}
+		lists[l.size] = l.blocks
+	}
+	for size, l := range lists {
 		for _, b := range l {
-			if b == nil || seen[b] || b.state != stateCached || b.size != uint64(i)<<pageShift || s.byID[b.id] != b {
-				return corrupt("fast cache list of %d pages holds a bad block", i)
+			if b == nil || seen[b] || b.state != stateCached || b.size != size || s.byID[b.id] != b {
+				return corrupt("fast cache list of %d-byte blocks holds a bad block", size)
 			}
 			seen[b] = true
 			fastBytes += b.size

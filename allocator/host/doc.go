@@ -32,18 +32,33 @@
 // mapped for the device with one HostRegister(MAPPED); its device address
 // (HostGetDevicePointer) is learnt once and stays valid for the chunk's
 // life, so DevicePointer of any byte of a block is the chunk's plus the
-// offset, without a driver call. A chunk is a region of an arena.Heap,
-// the block heap the device allocator uses: a request, rounded up to a 4
-// KiB page, takes the best-fitting free block (split, the rest stays
-// free), and a freed block merges with its free neighbours. A request no
-// free block fits maps a new chunk of the request rounded up to the
-// granule, so a 20.4 GiB request pins 20.4 GiB (TestLargeRequestPinsWhatItAsks;
-// the size classes pin 22 GiB, PyTorch's power-of-two classes 32 GiB).
-// A chunk that is wholly free is unmapped under pressure (the out-of-memory
+// offset, without a driver call. Each reservation is a region of an
+// arena.Heap, the block heap the device allocator uses, Unmapped where no
+// chunk is mapped: a request, rounded up to a 4 KiB page, takes the
+// best-fitting free block (split, the rest stays free), and a freed block
+// merges with its free neighbours, across chunks too. A request no free
+// block fits maps a chunk where it pins least: next to the free block at
+// the end of a chunk (or the start of the next), the chunk being the
+// request less that free block, rounded up to the granule, or else a chunk
+// of the whole request rounded up to the granule, so a 20.4 GiB request
+// pins 20.4 GiB (TestLargeRequestPinsWhatItAsks; the size classes pin 22
+// GiB, PyTorch's power-of-two classes 32 GiB). The range is Mapping in the
+// heap while the driver works with the lock dropped, and joins its
+// neighbours only once registered and only if its device addresses
+// continue theirs: with CUDA's unified addressing the device address of
+// registered memory is its host address, so adjacent chunks always are;
+// where a driver places a chunk elsewhere (ACL, the emulator after an
+// unregister), the chunk is unmapped and mapped again a granule away from
+// every other, so no block spans device addresses that are not
+// contiguous. A fault while mapping leaves the range Unmapped, joined to
+// nothing. Chunks are unmapped whole under pressure (the out-of-memory
 // ladder, EmptyCache, Close; with pinned_release_on_grow also before a new
-// chunk is mapped): HostUnregister, then madvise(MADV_DONTNEED) and
+// chunk is mapped), any chunk that lies wholly in free memory, between
+// others too: HostUnregister, then madvise(MADV_DONTNEED) and
 // mprotect(PROT_NONE) give the pages back and leave the address space
-// reserved for the next chunk. MallocHost memory is never used: CUDA
+// reserved (Unmapped) for the next chunk. A chunk whose registration the
+// driver refuses to undo after a failed mapping stays counted as pinned
+// until a later release undoes it. MallocHost memory is never used: CUDA
 // refuses to register memory cuMemHostAlloc pinned (CUDA_ERROR_INVALID_VALUE,
 // measured on an H200), and the register path is the one both drivers
 // support.
@@ -56,39 +71,49 @@
 //	                   ▲                                              │
 //	                   └──────── events complete: merged ─────────────┘
 //
-// A block stays within its chunk: two chunks are two registrations, whose
-// device addresses need not be contiguous. A small per-size fast cache
-// (blocks up to 1 MiB, at most max(4 MiB, 1/64 of what is pinned)) keeps
-// freed blocks out of the heap, so the cache hit is a slice pop, as in
-// the size-class policy; it is flushed into the heap on a miss before a
-// chunk is mapped, and before chunks are unmapped.
+// A small per-size fast cache (at most max(4 MiB, 1/64 of what is
+// pinned)) keeps freed blocks out of the heap, so the cache hit is a slice
+// pop, as in the size-class policy; it is flushed into the heap whenever a
+// request is not in it, before the heap is searched, and before chunks are
+// unmapped.
 //
 // Where the driver offers host virtual memory management (CUDA 13:
 // cuMemCreate with a CU_MEM_LOCATION_TYPE_HOST location, cuMemMap and
 // cuMemSetAccess into a range from cuMemAddressReserve) a chunk would be a
 // physical host handle mapped into a device-visible reservation instead of
 // registered OS memory: mapChunk and releaseChunk are the two places that
-// change, and blocks could then span chunks as the device allocator's do,
-// since the mapping fixes the device address.
+// change, and the device-contiguity check would always pass, since the
+// mapping fixes the device address.
 //
 // Measured (BenchmarkPoliciesOnTraces, the shared PyTorch snapshots
 // replayed as pinned staging three steps in a row; hit% counts all three):
 //
 //	trace                          held/live classes  expandable  +release_on_grow   hit% classes → expandable   steady pins
-//	cs336_ctx128_forward                    1.003       1.069        1.068           85.2 → 91.0                 0
-//	cs336_ctx128_fullstep                   1.188       1.154        1.018           91.1 → 94.9                 0 (2 with rog)
-//	cs336_gpt2small_compiled_train          1.113       1.075        1.103           93.4 → 98.7                 0
-//	cs336_medium_ctx1024_train              1.255       1.049        1.013           94.0 → 99.5                 0
-//	cs336_small_forward_bf16                1.091       1.204        1.171           95.9 → 98.0                 0 (2 with rog)
-//	llama7b_offload_4streams                1.844       1.596        1.304           99.5 → 99.8                 0
-//	opt125m_zeroth_order_finetune           1.189       1.213        1.213           97.9 → 99.4                 0
-//	tts_inference_server                    3.118       2.296        1.837           95.2 → 99.5                 0
+//	cs336_ctx128_forward                    1.003       1.008        1.051           85.2 → 89.6                 0
+//	cs336_ctx128_fullstep                   1.188       1.020        1.027           91.1 → 95.1                 0
+//	cs336_gpt2small_compiled_train          1.113       1.006        1.007           93.4 → 98.7                 0
+//	cs336_medium_ctx1024_train              1.255       1.034        1.034           94.0 → 99.5                 0
+//	cs336_small_forward_bf16                1.091       1.122        1.130           95.9 → 97.1                 0 (8 with rog)
+//	llama7b_offload_4streams                1.844       1.200        1.299           99.5 → 99.8                 0
+//	opt125m_zeroth_order_finetune           1.189       1.082        1.008           97.9 → 99.4                 0
+//	tts_inference_server                    3.118       1.378        1.378           95.2 → 99.5                 0
 //
-// Expandable segments hold less than the size classes on five of the
-// eight traces, pin 2 to 10 times less often, and pin nothing in a steady
-// step. They do not reach 1.05 everywhere: a block cannot span chunks, so
-// a free range at the end of one chunk and the start of the next serve
-// no request larger than either (host VMM, above, would lift that).
+// Expandable segments hold less than the size classes on seven of the
+// eight traces (geometric mean 1.10 against 1.37), pin 2 to 10 times less
+// often, and pin nothing in a steady step. Four traces stay above 1.05:
+// what is left is fragmentation between live blocks (free holes too small
+// for the request at hand, a few large block sizes in few steps), which
+// no placement inside pinned memory undoes. The fast cache's exact-size
+// reuse costs opt125m_zeroth_order_finetune 6 points (1.024 without it)
+// and the others under 2; the granule under 2 points.
+//
+// The fast cache keeps blocks of up to 1 MiB by size, and up to 8 larger
+// sizes by exact size, within the same byte cap, so a cache hit of any
+// size is a slice pop (BenchmarkCacheHit: 31 ns for 256 KiB and 4 MiB
+// blocks, against 39–40 ns for the size classes). Its blocks go back to
+// the heap before any heap search, so best fit always sees every free
+// byte: a cached block left between free ranges would split the free
+// memory a larger request needs.
 //
 // # The pin budget
 //
@@ -272,9 +297,8 @@
 // One mutex guards all state (the budget has its own, taken only to pin
 // and unpin); the cache-hit path makes no driver call and no Go heap
 // allocation: measured (BenchmarkCacheHit, Malloc+Free with 1,000 blocks
-// live), 35 ns for a 256 KiB block from the fast cache against 42 ns for
-// the size classes, and 62 to 71 ns for a 4 MiB block from the block heap
-// against 41 to 50 ns. Bad input returns a typed error (see errors.go) and
+// live, -count=5, medians), 31 ns for a 256 KiB and a 4 MiB block from
+// the fast cache against 40 ns for the size classes. Bad input returns a typed error (see errors.go) and
 // changes nothing; a failed driver call leaves the allocator and the driver
 // as they were, or, where the driver cannot undo a step, leaves the
 // allocator recording exactly what the driver still holds so that a later

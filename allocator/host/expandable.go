@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	mathbits "math/bits"
 
 	"github.com/vmmalloc/vmmalloc/arena"
 	"github.com/vmmalloc/vmmalloc/backend"
@@ -22,8 +23,10 @@ const (
 	reserveSize = 4 << 30
 	maxReserve  = 1 << 40
 	// fastPages is the largest request, in pages, the per-size fast cache
-	// in front of the block heap keeps (1 MiB).
+	// in front of the block heap indexes by size (1 MiB); bigSizes is how
+	// many larger sizes it keeps at once.
 	fastPages = 256
+	bigSizes  = 8
 	// fastMinCap is the least the fast cache may hold, nbytes; it may also
 	// hold fastShift-th of the bytes pinned (ReservedBytes >> fastShift).
 	fastMinCap = 4 << 20
@@ -36,55 +39,109 @@ var errStillPinned = errors.New("vmmalloc/host: the driver kept the registration
 // segments is the state of the expandable policy (Config.ExpandableSegments):
 // every field is guarded by Allocator.mu.
 type segments struct {
-	heap *arena.Heap    // the blocks of every chunk, one region per chunk, pool 0
-	sid  arena.StreamID // the one stream of heap: host blocks are ordered by events, not by stream ownership
-	va   *arena.Heap    // the reservations: Free = address space no chunk uses, Allocated = a chunk
-	vsid arena.StreamID
+	// heap holds the blocks of every reservation, one region per
+	// reservation, pool 0: Unmapped where no chunk is mapped, Mapping
+	// while one is being mapped, Free, Allocated or PendingFree inside the
+	// chunks. Adjacent chunks of a region are device-contiguous, so the
+	// heap may merge free blocks across them.
+	heap *arena.Heap
+	sid  arena.StreamID          // the one stream of heap: host blocks are ordered by events, not by stream ownership
 	resv []vaRange               // every reservation, for Close to unmap
 	byID []*block                // the record of each Allocated heap block, by BlockID (nil: none)
 	fast [fastPages + 1][]*block // cached blocks of i pages kept out of the heap, LIFO
+	// fastSet has bit i set when fast[i] may be non-empty, so a flush
+	// visits only those lists.
+	fastSet [(fastPages + 64) / 64]uint64
+	// big are the cached blocks larger than fastPages pages kept out of
+	// the heap, LIFO, a list per size: the exact-size reuse of large
+	// staging buffers, as cheap as a small block's.
+	big [bigSizes]bigList
 	// fastBytes is the nbytes in fast.
 	fastBytes uint64
 	spare     []*block // recycled block records (so a cache hit allocates nothing)
+	// stuck are the chunks whose registration the driver kept when a
+	// mapping was undone (HostUnregister failed): Mapping blocks of the
+	// heap, in no index, counted as segments and pinned bytes until
+	// releaseChunks undoes them.
+	stuck []stuckChunk
 }
 
+// stuckChunk is a chunk that failed to map, still registered, and its
+// Mapping heap block.
+type stuckChunk struct {
+	c *chunk
+	m arena.BlockID
+}
+
+// bigList is the cached blocks of one size larger than fastPages pages.
+type bigList struct {
+	size   uint64 // nbytes of each block; any when blocks is empty
+	blocks []*block
+}
+
+// fastList is the fast cache list for blocks of n bytes (a whole number
+// of pages), or nil when there is none; with add, an empty list of the
+// big sizes is taken for n if no list has n. mu held.
+func (s *segments) fastList(n uint64, add bool) *[]*block {
+	if n <= fastPages*pageSize {
+		if add {
+			s.fastSet[n>>pageShift/64] |= 1 << (n >> pageShift % 64)
+		}
+		return &s.fast[n>>pageShift]
+	}
+	free := -1
+	for i := range s.big {
+		if s.big[i].size == n {
+			return &s.big[i].blocks
+		}
+		if free < 0 && len(s.big[i].blocks) == 0 {
+			free = i
+		}
+	}
+	if add && free >= 0 {
+		s.big[free].size = n
+		return &s.big[free].blocks
+	}
+	return nil
+}
+
+// vaRange is a reservation: a region of segments.heap.
 type vaRange struct {
 	base uintptr
 	size uint64 // nbytes
+	rid  arena.RegionID
 }
 
 // chunk is a granule-aligned piece of a reservation that is mapped
 // (readable, writable) and registered with the driver (HostRegister,
-// MAPPED): a region of segments.heap.
+// MAPPED): one registration, mapped and unmapped whole. A heap block may
+// span adjacent chunks of a reservation, whose device addresses are
+// contiguous (checked when a chunk is mapped).
 type chunk struct {
 	base   uintptr
-	size   uint64 // nbytes, a multiple of ChunkGranule
-	rid    arena.RegionID
+	size   uint64  // nbytes, a multiple of ChunkGranule
 	devPtr uintptr // HostGetDevicePointer(base): the device address of base, valid while the chunk is registered
 }
+
+func (c *chunk) end() uintptr { return c.base + uintptr(c.size) }
 
 func newSegments() (*segments, error) {
 	h, err := arena.NewHeap(1)
 	if err != nil {
 		return nil, err
 	}
-	va, err := arena.NewHeap(1)
-	if err != nil {
-		return nil, err
-	}
-	s := &segments{heap: h, va: va}
-	// The heaps need a stream to own Free blocks; host blocks have none
+	s := &segments{heap: h}
+	// The heap needs a stream to own Free blocks; host blocks have none
 	// (events order their reuse), so one placeholder value serves.
 	if s.sid, err = h.AddStream(1); err != nil {
-		return nil, err
-	}
-	if s.vsid, err = va.AddStream(1); err != nil {
 		return nil, err
 	}
 	return s, nil
 }
 
 func roundPage(n uint64) uint64 { return (n + pageSize - 1) &^ (pageSize - 1) }
+
+func roundGranule(n uint64) uint64 { return (n + ChunkGranule - 1) &^ (ChunkGranule - 1) }
 
 // lookup is the block starting at ptr that Malloc handed out (allocated,
 // or free-pending or cached with its record kept), or nil. mu held.
@@ -107,31 +164,28 @@ func (a *Allocator) lookup(ptr uintptr) *block {
 func (a *Allocator) mallocExp(size uint64) (*block, error) {
 	s := a.exp
 	n := roundPage(size)
-	if n <= fastPages*pageSize {
-		if l := s.fast[n>>pageShift]; len(l) > 0 {
-			b := l[len(l)-1]
-			l[len(l)-1] = nil
-			s.fast[n>>pageShift] = l[:len(l)-1]
-			s.fastBytes -= n
-			a.st.CacheHits++
-			return b, nil
-		}
-	}
-	if id, addr, got := s.heap.AllocFit(s.sid, 0, n, size, math.MaxUint64, pageSize); id != arena.NoBlock {
+	if l := s.fastList(n, false); l != nil && len(*l) > 0 {
+		k := len(*l) - 1
+		b := (*l)[k]
+		(*l)[k] = nil
+		*l = (*l)[:k]
+		s.fastBytes -= n
 		a.st.CacheHits++
-		return a.record(id, addr, got), nil
+		return b, nil
 	}
-	// A miss. Blocks of the fast cache may be what keeps a free range too
-	// small: give them back to the heap and look again. Then unmap the
+	// Not in the fast cache. Its blocks, kept out of the heap, may be
+	// what keeps free ranges apart: give them back first, so that best
+	// fit sees every free byte (each block is flushed at most once per
+	// Free, so this costs O(1) per call, amortised). Then unmap the
 	// chunks that are wholly free (none can serve the request, and
 	// pinned memory that serves nothing is what the policy exists to
 	// avoid) before a new one is mapped.
 	if s.fastBytes > 0 {
 		a.flushFast()
-		if id, addr, got := s.heap.AllocFit(s.sid, 0, n, size, math.MaxUint64, pageSize); id != arena.NoBlock {
-			a.st.CacheHits++
-			return a.record(id, addr, got), nil
-		}
+	}
+	if id, addr, got := s.heap.AllocFit(s.sid, 0, n, size, math.MaxUint64, pageSize); id != arena.NoBlock {
+		a.st.CacheHits++
+		return a.record(id, addr, got), nil
 	}
 	if a.cfg.ReleaseOnGrow {
 		_ = a.releaseChunks() // a chunk the driver refuses to unmap stays
@@ -163,11 +217,13 @@ func (a *Allocator) record(id arena.BlockID, addr uintptr, size uint64) *block {
 // with its free neighbours. mu held.
 func (a *Allocator) cacheExp(b *block) {
 	s := a.exp
-	if b.size <= fastPages*pageSize && s.fastBytes+b.size <= max(fastMinCap, uint64(a.st.ReservedBytes.Current)>>fastShift) {
-		b.state = stateCached
-		s.fast[b.size>>pageShift] = append(s.fast[b.size>>pageShift], b)
-		s.fastBytes += b.size
-		return
+	if s.fastBytes+b.size <= max(fastMinCap, uint64(a.st.ReservedBytes.Current)>>fastShift) {
+		if l := s.fastList(b.size, true); l != nil {
+			b.state = stateCached
+			*l = append(*l, b)
+			s.fastBytes += b.size
+			return
+		}
 	}
 	a.toHeap(b)
 }
@@ -191,87 +247,297 @@ func (a *Allocator) toHeap(b *block) {
 // held.
 func (a *Allocator) flushFast() {
 	s := a.exp
-	for i := range s.fast {
-		for _, b := range s.fast[i] {
+	for w, bits := range s.fastSet {
+		for ; bits != 0; bits &= bits - 1 {
+			i := w*64 + mathbits.TrailingZeros64(bits)
+			for _, b := range s.fast[i] {
+				a.toHeap(b)
+			}
+			clear(s.fast[i])
+			s.fast[i] = s.fast[i][:0]
+		}
+		s.fastSet[w] = 0
+	}
+	for i := range s.big {
+		for _, b := range s.big[i].blocks {
 			a.toHeap(b)
 		}
-		clear(s.fast[i])
-		s.fast[i] = s.fast[i][:0]
+		clear(s.big[i].blocks)
+		s.big[i].blocks = s.big[i].blocks[:0]
 	}
 	s.fastBytes = 0
 }
 
-// obtainExp maps a new chunk large enough for a request of size bytes and
-// hands out its first block. The budget is asked first; the address space
-// is taken from a reservation (a new one when none has room); the mapping
-// and registration (mprotect, HostRegister, HostGetDevicePointer) run with
-// mu dropped. On failure nothing is held. mu held.
+// placement is where a chunk would be mapped: csize bytes at offset off of
+// Unmapped block u.
+type placement struct {
+	u      arena.BlockID
+	addr   uintptr // of u
+	off    uint64
+	csize  uint64
+	joined bool // next to a free block that the request needs too
+}
+
+// better reports whether p pins less than q, or as much but joins free
+// memory, or as much at a lower address.
+func (p placement) better(q placement) bool {
+	if q.u == arena.NoBlock || p.csize != q.csize {
+		return q.u == arena.NoBlock || p.csize < q.csize
+	}
+	if p.joined != q.joined {
+		return p.joined
+	}
+	return p.addr+uintptr(p.off) < q.addr+uintptr(q.off)
+}
+
+// place chooses where to map a chunk for a request of n bytes (a whole
+// number of pages): where the fewest bytes serve it, counting the free
+// block before or after the Unmapped range the chunk would join (a free
+// tail of one chunk and the free head of the next serve one request),
+// then at the lowest address. With isolate, the chunk joins nothing: it
+// is placed a granule away from any mapped memory. NoBlock when no
+// reservation has room. mu held.
+func (a *Allocator) place(n uint64, isolate bool) placement {
+	s := a.exp
+	var best placement
+	whole := roundGranule(n)
+	s.heap.AscendUnmapped(0, func(u arena.BlockID) bool {
+		p, _ := s.heap.Peek(u)
+		prev, next := s.heap.Prev(u), s.heap.Next(u)
+		var low, high uint64 // free bytes just below and above u
+		if q, ok := s.heap.Peek(prev); ok && q.State == arena.Free {
+			low = q.Size
+		}
+		if q, ok := s.heap.Peek(next); ok && q.State == arena.Free {
+			high = q.Size
+		}
+		try := func(off, csize uint64, joined bool) {
+			if c := (placement{u: u, addr: p.Addr, off: off, csize: csize, joined: joined}); csize > 0 && off+csize <= p.Size && c.better(best) {
+				best = c
+			}
+		}
+		if isolate {
+			var lo, hi uint64
+			if prev != arena.NoBlock {
+				lo = ChunkGranule
+			}
+			if next != arena.NoBlock {
+				hi = ChunkGranule
+			}
+			if lo+whole+hi <= p.Size {
+				try(lo, whole, false)
+			}
+			return true
+		}
+		try(0, whole, false)
+		if low > 0 {
+			try(0, roundGranule(n-min(n-pageSize, low)), true)
+		}
+		if high > 0 {
+			c := roundGranule(n - min(n-pageSize, high))
+			if c <= p.Size {
+				try(p.Size-c, c, true)
+			}
+		}
+		if low+high > 0 && low+p.Size+high >= n {
+			try(0, p.Size, true)
+		}
+		return true
+	})
+	return best
+}
+
+// reserve takes a new reservation large enough for a chunk of csize bytes
+// and returns its Unmapped block. mu held.
+func (a *Allocator) reserve(csize uint64) (placement, error) {
+	s := a.exp
+	r := max(uint64(reserveSize)<<min(len(s.resv), 8), csize)
+	r = max(min(r, maxReserve), csize)
+	base, err := reserveVA(r)
+	if err != nil {
+		return placement{}, fmt.Errorf("reserving %d bytes of address space: %w: %w", r, backend.ErrOutOfMemory, err)
+	}
+	rid, u, err := s.heap.AddRegion(base, r, 0, arena.Unmapped, 0)
+	if err != nil {
+		_ = unreserveVA(base, r)
+		return placement{}, err
+	}
+	s.resv = append(s.resv, vaRange{base: base, size: r, rid: rid})
+	return placement{u: u, addr: base, csize: csize}, nil
+}
+
+// obtainExp maps a new chunk for a request of size bytes and hands out
+// a block of it: a chunk that joins the free memory next to it where that
+// pins fewer bytes (place), else a chunk of the request rounded up to the
+// granule. The budget is asked first; the mapping and registration
+// (mprotect, HostRegister, HostGetDevicePointer) run with mu dropped,
+// the range marked Mapping in the heap meanwhile, and the chunk joins its
+// neighbours (CommitMap) only once it is registered and its device
+// addresses continue theirs; a chunk the driver placed elsewhere on the
+// device is unmapped and mapped again a granule away from any chunk. On
+// failure nothing is held. mu held.
 func (a *Allocator) obtainExp(size uint64) (*block, error) {
 	s := a.exp
 	n := roundPage(size)
-	csize := (n + ChunkGranule - 1) &^ (ChunkGranule - 1)
-	if csize < n {
+	if n < size || roundGranule(n) < n {
 		return nil, fmt.Errorf("%w: %d bytes", ErrInvalidSize, size)
 	}
-	if err := a.budget.Reserve(csize); err != nil {
+	isolate, join := false, true
+	for try := 0; ; try++ {
+		if try > 0 {
+			// Memory freed or taken while mu was dropped: look again.
+			if id, addr, got := s.heap.AllocFit(s.sid, 0, n, size, math.MaxUint64, pageSize); id != arena.NoBlock {
+				return a.record(id, addr, got), nil
+			}
+		}
+		if try == 4 {
+			return nil, fmt.Errorf("%w: no chunk for %d bytes after %d mappings", backend.ErrOutOfMemory, size, try)
+		}
+		pl := placement{}
+		if join || isolate {
+			pl = a.place(n, isolate)
+		}
+		if pl.u == arena.NoBlock && !isolate {
+			pl = a.place(n, true) // the fresh chunk of a request no free memory helps
+			pl.joined = false
+		}
+		if pl.u == arena.NoBlock {
+			var err error
+			if pl, err = a.reserve(roundGranule(n)); err != nil {
+				return nil, err
+			}
+		}
+		c, err := a.mapAt(pl)
+		if err != nil {
+			return nil, err
+		}
+		if c == nil { // device addresses not contiguous with a neighbour's: unmapped again
+			isolate = true
+			continue
+		}
+		if a.closed { // Close waits for this call and releases the chunk
+			return nil, ErrClosed
+		}
+		if id, addr, got := s.heap.AllocFit(s.sid, 0, n, size, math.MaxUint64, pageSize); id != arena.NoBlock {
+			return a.record(id, addr, got), nil
+		}
+		// The free memory the chunk was to join was taken meanwhile: the
+		// next chunk is a whole one.
+		join = false
+	}
+}
+
+// mapAt maps and registers the chunk of placement pl and makes it free
+// heap memory, merged with its free neighbours. It returns nil, having
+// unmapped the chunk again, when the chunk's device addresses do not
+// continue those of an adjacent chunk. mu held (dropped while the driver
+// works).
+func (a *Allocator) mapAt(pl placement) (*chunk, error) {
+	s := a.exp
+	if err := a.budget.Reserve(pl.csize); err != nil {
 		a.st.NumBudgetDenials++
 		return nil, err
 	}
-	base, err := a.takeVA(csize)
-	if err != nil {
-		a.budget.Release(csize)
-		return nil, err
+	m, err := s.heap.BeginMap(pl.u, pl.off, pl.csize)
+	if err != nil { // the placement came from the heap under mu: a bug
+		a.budget.Release(pl.csize)
+		return nil, corrupt("mapping %d bytes at offset %d of unmapped block %d: %v", pl.csize, pl.off, pl.u, err)
 	}
-	c := &chunk{base: base, size: csize}
+	c := &chunk{base: pl.addr + uintptr(pl.off), size: pl.csize}
 	if err := a.callUnlocked(func() error { return a.mapChunk(c) }); err != nil {
-		if !errors.Is(err, errStillPinned) { // else the driver still holds the range: never reuse its address space
-			_, _ = s.va.FreeAt(base)
-			a.budget.Release(csize)
+		if errors.Is(err, errStillPinned) { // the driver still holds the range
+			a.keepStuck(c, m)
+		} else {
+			_, _ = s.heap.AbortMap(m)
+			a.budget.Release(pl.csize)
 		}
 		return nil, err
 	}
-	rid, _, err := s.heap.AddRegion(base, csize, 0, arena.Free, s.sid)
-	if err != nil { // the address space came from our own reservation: a bug
-		return nil, errors.Join(err, a.unmapChunk(c))
+	if !a.contiguous(m, c) {
+		if err := a.unmapChunk(c); err != nil {
+			a.keepStuck(c, m)
+			return nil, errors.Join(err, errStillPinned)
+		}
+		_, _ = s.heap.AbortMap(m)
+		a.budget.Release(pl.csize)
+		a.st.NumHostAlloc++
+		a.st.NumHostFree++
+		return nil, nil
 	}
-	c.rid = rid
-	a.spans.ReplaceOrInsert(span{start: base, end: base + uintptr(csize), c: c})
+	if _, err := s.heap.CommitMap(m, s.sid); err != nil { // m is ours since BeginMap: a bug
+		return nil, errors.Join(corrupt("committing the mapping of chunk %#x: %v", c.base, err), a.unmapChunk(c))
+	}
+	a.spans.ReplaceOrInsert(span{start: c.base, end: c.end(), c: c})
 	a.st.Segment.Add(1)
-	a.st.ReservedBytes.Add(int64(csize))
+	a.st.ReservedBytes.Add(int64(c.size))
 	a.st.NumHostAlloc++
 	a.histSegment(true, c)
-	if a.closed { // Close waits for this call and releases the chunk
-		return nil, ErrClosed
-	}
-	id, addr, got := s.heap.AllocFit(s.sid, 0, n, size, math.MaxUint64, pageSize)
-	if id == arena.NoBlock {
-		return nil, corrupt("a fresh %d-byte chunk cannot serve %d bytes", csize, n)
-	}
-	return a.record(id, addr, got), nil
+	return c, nil
 }
 
-// takeVA takes n bytes of reserved address space. mu held.
-func (a *Allocator) takeVA(n uint64) (uintptr, error) {
+// keepStuck keeps chunk c, Mapping block m, that the driver still holds
+// registered after a failed mapping, for releaseChunks to undo. Its budget
+// stays taken. mu held.
+func (a *Allocator) keepStuck(c *chunk, m arena.BlockID) {
+	a.exp.stuck = append(a.exp.stuck, stuckChunk{c: c, m: m})
+	a.st.Segment.Add(1)
+	a.st.ReservedBytes.Add(int64(c.size))
+	a.st.NumHostAlloc++
+}
+
+// releaseStuck undoes the registrations of the stuck chunks; those the
+// driver refuses again stay. mu held.
+func (a *Allocator) releaseStuck() error {
 	s := a.exp
-	if id, addr, _ := s.va.AllocFit(s.vsid, 0, n, n, math.MaxUint64, pageSize); id != arena.NoBlock {
-		return addr, nil
+	var errs []error
+	kept := s.stuck[:0]
+	for _, k := range s.stuck {
+		if err := a.hm.HostUnregister(k.c.base); err != nil {
+			errs = append(errs, err)
+			kept = append(kept, k)
+			continue
+		}
+		errs = append(errs, decommitVA(k.c.base, k.c.size))
+		_, _ = s.heap.AbortMap(k.m)
+		a.st.Segment.Add(-1)
+		a.st.ReservedBytes.Add(-int64(k.c.size))
+		a.st.NumHostFree++
+		a.budget.Release(k.c.size)
 	}
-	r := max(uint64(reserveSize)<<min(len(s.resv), 8), n)
-	r = max(min(r, maxReserve), n)
-	base, err := reserveVA(r)
-	if err != nil {
-		return 0, fmt.Errorf("reserving %d bytes of address space: %w: %w", r, backend.ErrOutOfMemory, err)
+	clear(s.stuck[len(kept):])
+	s.stuck = kept
+	return errors.Join(errs...)
+}
+
+// contiguous reports whether the device addresses of chunk c, being
+// mapped as heap block m, continue those of the chunks adjacent to it in
+// its reservation. mu held.
+func (a *Allocator) contiguous(m arena.BlockID, c *chunk) bool {
+	s := a.exp
+	if q, ok := s.heap.Peek(s.heap.Prev(m)); ok && q.State != arena.Unmapped && q.State != arena.Mapping {
+		lo, ok := a.chunkAt(c.base - 1)
+		if !ok || lo.end() != c.base || lo.devPtr+uintptr(lo.size) != c.devPtr {
+			return false
+		}
 	}
-	if _, _, err := s.va.AddRegion(base, r, 0, arena.Free, s.vsid); err != nil {
-		_ = unreserveVA(base, r)
-		return 0, err
+	if q, ok := s.heap.Peek(s.heap.Next(m)); ok && q.State != arena.Unmapped && q.State != arena.Mapping {
+		hi, ok := a.chunkAt(c.end())
+		if !ok || hi.base != c.end() || c.devPtr+uintptr(c.size) != hi.devPtr {
+			return false
+		}
 	}
-	s.resv = append(s.resv, vaRange{base: base, size: r})
-	id, addr, _ := s.va.AllocFit(s.vsid, 0, n, n, math.MaxUint64, pageSize)
-	if id == arena.NoBlock {
-		return 0, corrupt("a fresh %d-byte reservation cannot serve %d bytes", r, n)
-	}
-	return addr, nil
+	return true
+}
+
+// chunkAt is the chunk holding p. mu held.
+func (a *Allocator) chunkAt(p uintptr) (c *chunk, ok bool) {
+	a.spans.DescendLessOrEqual(span{start: p}, func(sp span) bool {
+		if sp.c != nil && p < sp.end {
+			c, ok = sp.c, true
+		}
+		return false
+	})
+	return c, ok
 }
 
 // mapChunk makes c's range accessible and registers it with the driver.
@@ -305,56 +571,77 @@ func (a *Allocator) unmapChunk(c *chunk) error {
 	return decommitVA(c.base, c.size)
 }
 
-// chunkFree reports whether every byte of c is one Free heap block. mu
-// held.
-func (a *Allocator) chunkFree(c *chunk) bool {
+// releaseChunk gives chunk c back, which lies wholly in Free heap block
+// id: HostUnregister, the pages back to the operating system, its range
+// Unmapped in the heap (the rest of id stays free), the bytes back to the
+// budget. It returns the heap block that follows c's range. If the driver
+// refuses to unregister, nothing changes and it returns the free block
+// that holds c. mu held.
+func (a *Allocator) releaseChunk(c *chunk, id arena.BlockID) (arena.BlockID, error) {
 	s := a.exp
-	info, ok := s.heap.Region(c.rid)
-	if !ok {
-		return false
+	r, err := s.heap.BeginRelease(id, uint64(c.base-s.heap.Addr(id)), c.size)
+	if err != nil {
+		return arena.NoBlock, corrupt("releasing chunk %#x: %v", c.base, err)
 	}
-	p, ok := s.heap.Peek(info.Head)
-	return ok && p.State == arena.Free && p.Size == c.size
-}
-
-// releaseChunk gives chunk c, wholly free, back: HostUnregister, the pages
-// back to the operating system, the address space back to its
-// reservation, the bytes back to the budget. If the driver refuses to
-// unregister, nothing changes. mu held.
-func (a *Allocator) releaseChunk(c *chunk) error {
-	s := a.exp
 	if err := a.hm.HostUnregister(c.base); err != nil {
-		return err
+		back, _ := s.heap.AbortRelease(r)
+		return back, err
 	}
 	derr := decommitVA(c.base, c.size) // unpinned already: the chunk goes, whatever the OS says
-	if err := s.heap.RemoveRegion(c.rid); err != nil {
-		return errors.Join(derr, err)
+	u, err := s.heap.CommitRelease(r, c.size)
+	if err != nil {
+		return arena.NoBlock, errors.Join(derr, corrupt("releasing chunk %#x: %v", c.base, err))
 	}
-	_, _ = s.va.FreeAt(c.base)
 	a.spans.Delete(span{start: c.base})
 	a.st.Segment.Add(-1)
 	a.st.ReservedBytes.Add(-int64(c.size))
 	a.st.NumHostFree++
 	a.budget.Release(c.size)
 	a.histSegment(false, c)
-	return derr
+	return s.heap.Next(u), derr
 }
 
-// releaseChunks flushes the fast cache and releases every wholly free
-// chunk; those the driver refuses stay. mu held.
+// releaseChunks flushes the fast cache and releases every chunk that lies
+// wholly in free memory, interior chunks of a free block too; those the
+// driver refuses stay. mu held.
 func (a *Allocator) releaseChunks() error {
+	s := a.exp
 	a.flushFast()
-	var free []*chunk
-	a.spans.Ascend(func(sp span) bool {
-		if sp.c != nil && a.chunkFree(sp.c) {
-			free = append(free, sp.c)
+	errs := []error{a.releaseStuck()}
+	type run struct {
+		id     arena.BlockID
+		chunks []*chunk
+	}
+	var runs []run
+	s.heap.EachFree(s.sid, 0, func(id arena.BlockID) bool {
+		start := s.heap.Addr(id)
+		end := start + uintptr(s.heap.Size(id))
+		var cs []*chunk
+		a.spans.AscendGreaterOrEqual(span{start: start}, func(sp span) bool {
+			if sp.start >= end {
+				return false
+			}
+			if sp.c != nil && sp.end <= end {
+				cs = append(cs, sp.c)
+			}
+			return true
+		})
+		if len(cs) > 0 {
+			runs = append(runs, run{id: id, chunks: cs})
 		}
 		return true
 	})
-	var errs []error
-	for _, c := range free {
-		if err := a.releaseChunk(c); err != nil {
-			errs = append(errs, err)
+	for _, r := range runs {
+		id := r.id
+		for _, c := range r.chunks {
+			if id == arena.NoBlock || s.heap.State(id) != arena.Free || s.heap.Addr(id) > c.base {
+				break // a bug reported above
+			}
+			next, err := a.releaseChunk(c, id)
+			if err != nil {
+				errs = append(errs, err)
+			}
+			id = next
 		}
 	}
 	return errors.Join(errs...)
@@ -367,9 +654,9 @@ func (a *Allocator) unreserveAll() error {
 	if s == nil || len(s.resv) == 0 {
 		return nil
 	}
-	chunks := false
+	chunks := len(s.stuck) > 0
 	a.spans.Ascend(func(sp span) bool {
-		chunks = sp.c != nil
+		chunks = chunks || sp.c != nil
 		return !chunks
 	})
 	if chunks {
@@ -378,13 +665,13 @@ func (a *Allocator) unreserveAll() error {
 	var errs []error
 	kept := s.resv[:0]
 	for _, r := range s.resv {
-		rid := s.va.RegionAt(r.base)
-		if err := unreserveVA(r.base, r.size); err != nil {
-			errs = append(errs, err)
+		if err := s.heap.RemoveRegion(r.rid); err != nil { // a stuck chunk's Mapping block
 			kept = append(kept, r)
 			continue
 		}
-		_ = s.va.RemoveRegion(rid)
+		if err := unreserveVA(r.base, r.size); err != nil {
+			errs = append(errs, err)
+		}
 	}
 	s.resv = kept
 	return errors.Join(errs...)

@@ -249,17 +249,20 @@ func TestProcessPinBudget(t *testing.T) {
 // chunk, the free chunks are unmapped and the pin retried; in a steady
 // loop no chunk is pinned or unpinned after the first pass.
 func TestExpandableLadderUnmapsFreeChunks(t *testing.T) {
-	a, e := newExpandable(t, "pinned_budget_mb:8")
-	p, err := a.Malloc(5 * mib) // a 6 MiB chunk
+	a, e := newExpandable(t, "pinned_budget_mb:10")
+	p, err := a.Malloc(4 * mib) // chunk A, 4 MiB
 	require.NoError(t, err)
-	require.NoError(t, a.Free(p))
-	q, err := a.Malloc(7 * mib) // an 8 MiB chunk: the 6 MiB one must go first
+	r, err := a.Malloc(2 * mib) // chunk B, 2 MiB, after A
+	require.NoError(t, err)
+	require.NoError(t, a.Free(p)) // A wholly free; B's block keeps it from the unmapped range after B
+	q, err := a.Malloc(6 * mib)   // a 6 MiB chunk after B: 12 MiB > 10, so A must go first
 	require.NoError(t, err)
 	st := a.Stats()
 	assert.Equal(t, int64(8*mib), st.ReservedBytes.Current)
-	assert.Equal(t, int64(2), st.NumHostAlloc)
+	assert.Equal(t, int64(3), st.NumHostAlloc)
 	assert.Equal(t, int64(1), st.NumHostFree)
 	assert.Equal(t, int64(1), st.NumBudgetDenials)
+	require.NoError(t, a.Free(r))
 	require.NoError(t, a.Free(q))
 	mustCheck(t, a, e)
 
@@ -493,20 +496,130 @@ func TestReleaseOnGrow(t *testing.T) {
 		held, unpn int64
 	}{
 		{"pinned_release_on_grow:True", 8 * mib, 1},
-		{"pinned_release_on_grow:False", 14 * mib, 0},
+		{"pinned_release_on_grow:False", 12 * mib, 0},
 	} {
 		t.Run(tc.conf, func(t *testing.T) {
 			a, e := newExpandable(t, tc.conf)
-			p, err := a.Malloc(5 * mib) // a 6 MiB chunk
+			p, err := a.Malloc(4 * mib) // chunk A, 4 MiB
+			require.NoError(t, err)
+			r, err := a.Malloc(2 * mib) // chunk B after A
 			require.NoError(t, err)
 			require.NoError(t, a.Free(p))
-			q, err := a.Malloc(7 * mib) // does not fit: an 8 MiB chunk
+			q, err := a.Malloc(6 * mib) // A is too small: a 6 MiB chunk after B
 			require.NoError(t, err)
 			st := a.Stats()
 			assert.Equal(t, tc.held, st.ReservedBytes.Current)
 			assert.Equal(t, tc.unpn, st.NumHostFree)
 			assert.Zero(t, st.NumBudgetDenials)
 			require.NoError(t, a.Free(q))
+			require.NoError(t, a.Free(r))
+			mustCheck(t, a, e)
+		})
+	}
+}
+
+// TestBlocksSpanChunks: a request larger than the free tail of a chunk
+// maps only what the tail lacks, next to it, and its block spans both
+// chunks, whose device addresses are contiguous; once free, the chunks
+// are unmapped whole, the interior one too.
+func TestBlocksSpanChunks(t *testing.T) {
+	a, e := newExpandable(t, "")
+	p, err := a.Malloc(3 * mib) // chunk A, 4 MiB: 1 MiB free after p
+	require.NoError(t, err)
+	q, err := a.Malloc(2 * mib) // 1 MiB of A and a 2 MiB chunk B after it
+	require.NoError(t, err)
+	st := a.Stats()
+	assert.Equal(t, int64(6*mib), st.ReservedBytes.Current)
+	assert.Equal(t, int64(2), st.NumHostAlloc)
+	assert.Equal(t, p+3*mib, q)
+	dq, err := a.DevicePointer(q)
+	require.NoError(t, err)
+	dEnd, err := a.DevicePointer(q + 2*mib - 1) // in chunk B
+	require.NoError(t, err)
+	assert.Equal(t, dq+2*mib-1, dEnd)
+	want, err := e.HostGetDevicePointer(q + 2*mib - 1)
+	require.NoError(t, err)
+	assert.Equal(t, want, dEnd)
+	assert.True(t, touch(q, 2*mib, 7))
+	mustCheck(t, a, e)
+
+	w, err := a.Malloc(1 * mib) // the 1 MiB left at B's end
+	require.NoError(t, err)
+	assert.Equal(t, q+2*mib, w)
+	r, err := a.Malloc(3 * mib) // nothing free: a 4 MiB chunk C after B
+	require.NoError(t, err)
+	assert.Equal(t, w+1*mib, r)
+	require.NoError(t, a.Free(q))
+	require.NoError(t, a.Free(w)) // A's last MiB and all of B free: B lies wholly in free memory
+	require.NoError(t, a.EmptyCache())
+	st = a.Stats()
+	assert.Equal(t, int64(8*mib), st.ReservedBytes.Current, "A and C stay, B (between them) is unmapped")
+	assert.Equal(t, int64(1), st.NumHostFree)
+	mustCheck(t, a, e)
+	require.NoError(t, a.Free(p))
+	require.NoError(t, a.Free(r))
+	require.NoError(t, a.EmptyCache())
+	assert.Zero(t, a.Stats().ReservedBytes.Current)
+	mustCheck(t, a, e)
+}
+
+// TestChunkNotDeviceContiguous: a chunk the driver maps at device
+// addresses that do not continue its neighbour's is unmapped again and
+// the request served by a chunk a granule away from any other, so no
+// block spans device addresses that are not contiguous.
+func TestChunkNotDeviceContiguous(t *testing.T) {
+	a, e := newExpandable(t, "")
+	p, err := a.Malloc(3 * mib) // chunk A, 4 MiB: 1 MiB free after p
+	require.NoError(t, err)
+	own := mmapPages(t, 64*kib)
+	// The emulator hands device addresses out in order: this registration
+	// takes those right after A's.
+	require.NoError(t, a.Register(own, 64*kib, backend.HostRegisterMapped))
+	q, err := a.Malloc(2 * mib)
+	require.NoError(t, err)
+	st := a.Stats()
+	assert.Equal(t, int64(6*mib), st.ReservedBytes.Current, "A and a 2 MiB chunk for q alone")
+	assert.Equal(t, int64(3), st.NumHostAlloc, "A, the chunk after A, the isolated chunk")
+	assert.Equal(t, int64(1), st.NumHostFree, "the chunk after A, unmapped again")
+	assert.GreaterOrEqual(t, q, p+4*mib+ChunkGranule, "a granule away from A")
+	dq, err := a.DevicePointer(q + 2*mib - 1)
+	require.NoError(t, err)
+	want, err := e.HostGetDevicePointer(q + 2*mib - 1)
+	require.NoError(t, err)
+	assert.Equal(t, want, dq)
+	mustCheck(t, a, e)
+	require.NoError(t, a.Free(p))
+	require.NoError(t, a.Free(q))
+	require.NoError(t, a.Unregister(own))
+	require.NoError(t, a.EmptyCache())
+	assert.Zero(t, a.Stats().ReservedBytes.Current)
+	mustCheck(t, a, e)
+}
+
+// TestJoinRollsBack: a chunk that would join the free tail of its
+// neighbour and fails to register leaves nothing behind: the range stays
+// unmapped, the tail stays free, the budget and statistics are unchanged,
+// and the next request joins as if the fault never happened.
+func TestJoinRollsBack(t *testing.T) {
+	for _, op := range []backend.Op{backend.OpHostRegister, backend.OpHostDevicePointer} {
+		t.Run(op.String(), func(t *testing.T) {
+			a, e := newExpandable(t, "")
+			p, err := a.Malloc(3 * mib) // chunk A, 4 MiB: 1 MiB free after p
+			require.NoError(t, err)
+			before := a.Stats()
+			require.NoError(t, e.FailNth(op, 1, backend.ErrUnavailable)) // not out of memory: no ladder, no retry
+			_, err = a.Malloc(2 * mib)
+			require.ErrorIs(t, err, backend.ErrUnavailable)
+			e.ClearFaults()
+			st := a.Stats()
+			assert.Equal(t, before.ReservedBytes.Current, st.ReservedBytes.Current)
+			assert.Equal(t, before.Segment.Current, st.Segment.Current)
+			assert.Equal(t, before.Budget.Pinned, st.Budget.Pinned)
+			mustCheck(t, a, e)
+			q, err := a.Malloc(2 * mib)
+			require.NoError(t, err)
+			assert.Equal(t, p+3*mib, q, "joins A's free tail")
+			assert.Equal(t, int64(6*mib), a.Stats().ReservedBytes.Current)
 			mustCheck(t, a, e)
 		})
 	}
