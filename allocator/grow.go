@@ -572,14 +572,23 @@ func (a *Allocator) mapGrowth(sg *seg, p *Pool, off, n uint64, fine bool) error 
 // allocator was closed or ss released meanwhile. mu held on entry and on
 // return.
 func (a *Allocator) awaitGrowths(ss *streamState, cl *sizeClass, rounded uint64) (arena.BlockID, error) {
-	if len(a.growths) == 0 {
+	return a.awaitTickets(&a.growths, a.growSeq, ss, cl, rounded)
+}
+
+// awaitTickets waits, with mu dropped, until no ticket of *live (ascending)
+// is at most last, and then returns a free block of ss for rounded bytes
+// if one has appeared (NoBlock if none), or ErrClosed or ErrInvalidStream
+// if the allocator was closed or ss released meanwhile. The ends of
+// growths and releases both broadcast grown. mu held on entry and on
+// return.
+func (a *Allocator) awaitTickets(live *[]uint64, last uint64, ss *streamState, cl *sizeClass, rounded uint64) (arena.BlockID, error) {
+	if len(*live) == 0 {
 		return arena.NoBlock, nil
 	}
 	stream := ss.stream
-	last := a.growSeq
 	a.inflight++ // Close and Check wait for this waiter too
 	a.waitsChanged()
-	for len(a.growths) > 0 && a.growths[0] <= last { // tickets ascend
+	for len(*live) > 0 && (*live)[0] <= last {
 		a.grown.Wait()
 	}
 	if a.inflight--; a.inflight == 0 {

@@ -1,8 +1,6 @@
 package allocator
 
 import (
-	"fmt"
-
 	"github.com/vmmalloc/vmmalloc/arena"
 )
 
@@ -145,28 +143,7 @@ func (a *Allocator) releaseWouldHelp(p *Pool) bool {
 // none), as awaitGrowths does for growths. mu held on entry and on
 // return.
 func (a *Allocator) awaitReleases(ss *streamState, cl *sizeClass, rounded uint64) (arena.BlockID, error) {
-	if len(a.releasesLive) == 0 {
-		return arena.NoBlock, nil
-	}
-	stream := ss.stream
-	last := a.releaseSeq
-	a.inflight++ // Close and Check wait for this waiter too
-	a.waitsChanged()
-	for len(a.releasesLive) > 0 && a.releasesLive[0] <= last { // tickets ascend
-		a.grown.Wait()
-	}
-	if a.inflight--; a.inflight == 0 {
-		a.quiet.Broadcast()
-	}
-	a.waitsChanged()
-	switch {
-	case a.closed:
-		return arena.NoBlock, ErrClosed
-	case !a.owns(ss) || ss.stream != stream:
-		return arena.NoBlock, fmt.Errorf("%w: stream %d was released while a Malloc on it waited", ErrInvalidStream, stream)
-	}
-	b, _, _ := a.bestFit(ss, cl, rounded)
-	return b, nil
+	return a.awaitTickets(&a.releasesLive, a.releaseSeq, ss, cl, rounded)
 }
 
 // beginRelease gives a release whose unmaps are about to run with mu
