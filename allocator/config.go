@@ -213,6 +213,17 @@ func splitTop(s string) []string {
 	return append(out, s[start:])
 }
 
+// parseBool reads a True/False value (any case, or 1/0) of key k.
+func parseBool(k, v string) (bool, error) {
+	switch strings.ToLower(v) {
+	case "true", "1":
+		return true, nil
+	case "false", "0":
+		return false, nil
+	}
+	return false, badValue(k, v, "want True or False")
+}
+
 func badValue(k, v, why string) error {
 	return fmt.Errorf("%w: %s: bad value %q: %s", ErrInvalidConfig, k, v, why)
 }
@@ -243,14 +254,11 @@ func (c *Config) set(k, v string) error {
 	var err error
 	switch k {
 	case "expandable_segments":
-		switch strings.ToLower(v) {
-		case "true", "1":
-			c.ExpandableSegments = true
-		case "false", "0":
-			c.ExpandableSegments = false
-		default:
-			return badValue(k, v, "want True or False")
+		b, err := parseBool(k, v)
+		if err != nil {
+			return err
 		}
+		c.ExpandableSegments = b
 	case "max_split_size_mb":
 		c.MaxSplitSize, err = parseMB(k, v, 20)
 	case "max_non_split_rounding_mb":
@@ -292,23 +300,17 @@ func (c *Config) set(k, v string) error {
 		}
 		c.MaxSegmentsPerPool = n
 	case "planned_steps":
-		switch strings.ToLower(v) {
-		case "true", "1":
-			c.PlannedSteps = true
-		case "false", "0":
-			c.PlannedSteps = false
-		default:
-			return badValue(k, v, "want True or False")
+		b, err := parseBool(k, v)
+		if err != nil {
+			return err
 		}
+		c.PlannedSteps = b
 	case "owned_buffer_gc":
-		switch strings.ToLower(v) {
-		case "true", "1":
-			c.OwnedBufferGC = true
-		case "false", "0":
-			c.OwnedBufferGC = false
-		default:
-			return badValue(k, v, "want True or False")
+		b, err := parseBool(k, v)
+		if err != nil {
+			return err
 		}
+		c.OwnedBufferGC = b
 	case "roundup_power2_divisions":
 		return c.setRoundup(k, v)
 	case "backend":

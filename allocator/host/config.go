@@ -119,6 +119,17 @@ func ParseConfig(s string) (Config, error) {
 	return c, nil
 }
 
+// parseBool reads a True/False value (any case, or 1/0) of key k.
+func parseBool(k, v string) (bool, error) {
+	switch strings.ToLower(v) {
+	case "true", "1":
+		return true, nil
+	case "false", "0":
+		return false, nil
+	}
+	return false, badValue(k, v, "want True or False")
+}
+
 func badValue(k, v, why string) error {
 	return fmt.Errorf("%w: %s: bad value %q: %s", ErrInvalidConfig, k, v, why)
 }
@@ -126,32 +137,23 @@ func badValue(k, v, why string) error {
 func (c *Config) set(k, v string) error {
 	switch k {
 	case "pinned_use_host_register":
-		switch strings.ToLower(v) {
-		case "true", "1":
-			c.UseHostRegister = true
-		case "false", "0":
-			c.UseHostRegister = false
-		default:
-			return badValue(k, v, "want True or False")
+		b, err := parseBool(k, v)
+		if err != nil {
+			return err
 		}
+		c.UseHostRegister = b
 	case "expandable_segments":
-		switch strings.ToLower(v) {
-		case "true", "1":
-			c.ExpandableSegments = true
-		case "false", "0":
-			c.ExpandableSegments = false
-		default:
-			return badValue(k, v, "want True or False")
+		b, err := parseBool(k, v)
+		if err != nil {
+			return err
 		}
+		c.ExpandableSegments = b
 	case "pinned_release_on_grow":
-		switch strings.ToLower(v) {
-		case "true", "1":
-			c.ReleaseOnGrow = true
-		case "false", "0":
-			c.ReleaseOnGrow = false
-		default:
-			return badValue(k, v, "want True or False")
+		b, err := parseBool(k, v)
+		if err != nil {
+			return err
 		}
+		c.ReleaseOnGrow = b
 	case "pinned_budget_mb":
 		n, err := strconv.ParseInt(v, 10, 64)
 		if err != nil || n < 0 || n > MaxSize>>20 {
