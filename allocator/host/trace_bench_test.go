@@ -3,6 +3,7 @@ package host
 import (
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 
 	"github.com/vmmalloc/vmmalloc/backend/emulated"
@@ -17,27 +18,8 @@ import (
 // held over peak bytes asked for and live), the share of Malloc calls
 // served from the cache, and MallocHost calls. Skips without the traces.
 func BenchmarkSizeClassesOnTraces(b *testing.B) {
-	dir, err := trace.SharedDir() // the real snapshots: measurement input, never in the repository
-	if err != nil {
-		b.Skip(err)
-	}
-	files, _ := filepath.Glob(filepath.Join(dir, "*.pickle"))
-	if len(files) == 0 {
-		b.Skip("no traces in " + dir)
-	}
-	for _, f := range files {
-		fh, err := os.Open(f)
-		if err != nil {
-			b.Fatal(err)
-		}
-		tr, err := trace.ImportPyTorchSnapshot(fh, 0)
-		fh.Close()
-		if err != nil {
-			b.Logf("%s: %v", f, err)
-			continue
-		}
-		name := filepath.Base(f)
-		name = name[:len(name)-len(".pickle")]
+	for _, st := range sharedTraces(b) {
+		name, tr := st.name, st.trace
 		for _, div := range []int{1, 2, 4, 8} {
 			b.Run(name+"/div="+string(rune('0'+div)), func(b *testing.B) {
 				var st Stats
@@ -51,6 +33,41 @@ func BenchmarkSizeClassesOnTraces(b *testing.B) {
 			})
 		}
 	}
+}
+
+// namedTrace is a shared snapshot and its name (the file's, less .pickle).
+type namedTrace struct {
+	name  string
+	trace *trace.PyTorchTrace
+}
+
+// sharedTraces reads the shared PyTorch snapshots (measurement input,
+// never in the repository), skipping b without them; a file that does not
+// import is logged and left out.
+func sharedTraces(b *testing.B) []namedTrace {
+	dir, err := trace.SharedDir()
+	if err != nil {
+		b.Skip(err)
+	}
+	files, _ := filepath.Glob(filepath.Join(dir, "*.pickle"))
+	if len(files) == 0 {
+		b.Skip("no traces in " + dir)
+	}
+	var out []namedTrace
+	for _, f := range files {
+		fh, err := os.Open(f)
+		if err != nil {
+			b.Fatal(err)
+		}
+		tr, err := trace.ImportPyTorchSnapshot(fh, 0)
+		fh.Close()
+		if err != nil {
+			b.Logf("%s: %v", f, err)
+			continue
+		}
+		out = append(out, namedTrace{strings.TrimSuffix(filepath.Base(f), ".pickle"), tr})
+	}
+	return out
 }
 
 // replayHost runs the Alloc and Free events of a trace through a fresh

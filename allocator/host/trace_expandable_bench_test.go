@@ -1,9 +1,6 @@
 package host
 
 import (
-	"os"
-	"path/filepath"
-	"strings"
 	"testing"
 
 	"github.com/vmmalloc/vmmalloc/backend/emulated"
@@ -20,26 +17,8 @@ import (
 // pins (driver pin calls in all) and steady-pins (pin and unpin calls in
 // the third step: the target is 0). Skips without the traces.
 func BenchmarkPoliciesOnTraces(b *testing.B) {
-	dir, err := trace.SharedDir() // the real snapshots: measurement input, never in the repository
-	if err != nil {
-		b.Skip(err)
-	}
-	files, _ := filepath.Glob(filepath.Join(dir, "*.pickle"))
-	if len(files) == 0 {
-		b.Skip("no traces in " + dir)
-	}
-	for _, f := range files {
-		fh, err := os.Open(f)
-		if err != nil {
-			b.Fatal(err)
-		}
-		tr, err := trace.ImportPyTorchSnapshot(fh, 0)
-		fh.Close()
-		if err != nil {
-			b.Logf("%s: %v", f, err)
-			continue
-		}
-		name := strings.TrimSuffix(filepath.Base(f), ".pickle")
+	for _, st := range sharedTraces(b) {
+		name, tr := st.name, st.trace
 		for _, pol := range []string{"classes", "expandable", "expandable-rog"} {
 			b.Run(name+"/"+pol, func(b *testing.B) {
 				var r stepReplay
