@@ -75,29 +75,7 @@ func WarmPasses(events []trace.Event, cfg allocator.Config, capacity uint64, pas
 	if capacity == 0 {
 		capacity = DefaultCapacity
 	}
-	type op struct {
-		size uint64 // 0: a Free
-		slot int32
-	}
-	ops := make([]op, 0, len(events))
-	slotOf := map[uint64]int32{}
-	var slots int32
-	for _, ev := range events {
-		switch ev.Kind {
-		case trace.Alloc:
-			if ev.Size == 0 {
-				continue
-			}
-			slotOf[ev.ID] = slots
-			ops = append(ops, op{size: ev.Size, slot: slots})
-			slots++
-		case trace.Free:
-			if s, ok := slotOf[ev.ID]; ok {
-				delete(slotOf, ev.ID)
-				ops = append(ops, op{slot: s})
-			}
-		}
-	}
+	ops, nslots := denseOps(events)
 	emu, err := emulated.New(append([]emulated.Option{emulated.WithCapacity(capacity), emulated.WithDevices(cfg.Device + 1)}, opts...)...)
 	if err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrInvalidOptions, err)
@@ -114,7 +92,7 @@ func WarmPasses(events []trace.Event, cfg allocator.Config, capacity uint64, pas
 		}
 		return n
 	}
-	ptrs := make([]uintptr, slots)
+	ptrs := make([]uintptr, nslots)
 	rep := &PassesReport{Config: cfg.String()}
 	for i := 1; i <= passes; i++ {
 		a.ResetPeakStats()
@@ -177,4 +155,40 @@ func WarmPasses(events []trace.Event, cfg allocator.Config, capacity uint64, pas
 		return nil, err
 	}
 	return rep, nil
+}
+
+// warmOp is one call of a dense warm replay: a Malloc of size bytes whose
+// pointer goes to slot, or (size 0) a Free of the pointer in slot.
+type warmOp struct {
+	size uint64
+	slot int32
+}
+
+// denseOps resolves the trace ids of events to slots: every allocation
+// gets a slot of its own, and a free names the slot of the latest
+// allocation of its id that is still live. Frees of ids not live (blocks
+// allocated before recording began) are left out.
+func denseOps(events []trace.Event) ([]warmOp, int) {
+	ops := make([]warmOp, 0, len(events))
+	slotOf := make(map[uint64]int32)
+	var n int32
+	for _, ev := range events {
+		switch ev.Kind {
+		case trace.Alloc:
+			if ev.Size == 0 {
+				continue
+			}
+			slotOf[ev.ID] = n
+			ops = append(ops, warmOp{size: ev.Size, slot: n})
+			n++
+		case trace.Free:
+			s, ok := slotOf[ev.ID]
+			if !ok {
+				continue
+			}
+			delete(slotOf, ev.ID)
+			ops = append(ops, warmOp{slot: s})
+		}
+	}
+	return ops, int(n)
 }

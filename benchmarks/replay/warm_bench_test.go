@@ -69,32 +69,7 @@ func BenchmarkWarmReplay(b *testing.B) {
 		ops, slots := denseOps(events)
 		ptrs := make([]uintptr, slots) // 0: slot not live
 		warmReplay(b, func(a *allocator.Allocator) int {
-			for _, op := range ops {
-				if op.size != 0 {
-					p, err := a.Malloc(op.size, 0)
-					if err != nil {
-						b.Fatal(err)
-					}
-					ptrs[op.slot] = p
-					continue
-				}
-				p := ptrs[op.slot]
-				ptrs[op.slot] = 0
-				if err := a.Free(p); err != nil {
-					b.Fatal(err)
-				}
-			}
-			calls := len(ops)
-			for i, p := range ptrs {
-				if p != 0 {
-					if err := a.Free(p); err != nil {
-						b.Fatal(err)
-					}
-					ptrs[i] = 0
-					calls++
-				}
-			}
-			return calls
+			return densePass(b, a, ops, ptrs)
 		})
 	})
 	// Planned steps: MarkStep after each pass; the warm-up passes learn
@@ -105,31 +80,7 @@ func BenchmarkWarmReplay(b *testing.B) {
 		cfg := allocator.DefaultConfig()
 		cfg.PlannedSteps = true
 		warmReplayConfig(b, cfg, 4, func(a *allocator.Allocator) int {
-			for _, op := range ops {
-				if op.size != 0 {
-					p, err := a.Malloc(op.size, 0)
-					if err != nil {
-						b.Fatal(err)
-					}
-					ptrs[op.slot] = p
-					continue
-				}
-				p := ptrs[op.slot]
-				ptrs[op.slot] = 0
-				if err := a.Free(p); err != nil {
-					b.Fatal(err)
-				}
-			}
-			calls := len(ops)
-			for i, p := range ptrs {
-				if p != 0 {
-					if err := a.Free(p); err != nil {
-						b.Fatal(err)
-					}
-					ptrs[i] = 0
-					calls++
-				}
-			}
+			calls := densePass(b, a, ops, ptrs)
 			if err := a.MarkStep(); err != nil {
 				b.Fatal(err)
 			}
@@ -142,40 +93,35 @@ func BenchmarkWarmReplay(b *testing.B) {
 	})
 }
 
-// warmOp is one call of a dense warm replay: a Malloc of size bytes whose
-// pointer goes to slot, or (size 0) a Free of the pointer in slot.
-type warmOp struct {
-	size uint64
-	slot int32
-}
-
-// denseOps resolves the trace ids of events to slots: every allocation
-// gets a slot of its own, and a free names the slot of the latest
-// allocation of its id that is still live. Frees of ids not live (blocks
-// allocated before recording began) are left out.
-func denseOps(events []trace.Event) ([]warmOp, int) {
-	ops := make([]warmOp, 0, len(events))
-	slotOf := make(map[uint64]int32)
-	var n int32
-	for _, ev := range events {
-		switch ev.Kind {
-		case trace.Alloc:
-			if ev.Size == 0 {
-				continue
+// densePass runs ops once on a with pointers in ptrs (0: slot not
+// live), frees what the pass leaves live, and returns the calls made.
+func densePass(b *testing.B, a *allocator.Allocator, ops []warmOp, ptrs []uintptr) int {
+	for _, op := range ops {
+		if op.size != 0 {
+			p, err := a.Malloc(op.size, 0)
+			if err != nil {
+				b.Fatal(err)
 			}
-			slotOf[ev.ID] = n
-			ops = append(ops, warmOp{size: ev.Size, slot: n})
-			n++
-		case trace.Free:
-			s, ok := slotOf[ev.ID]
-			if !ok {
-				continue
-			}
-			delete(slotOf, ev.ID)
-			ops = append(ops, warmOp{slot: s})
+			ptrs[op.slot] = p
+			continue
+		}
+		p := ptrs[op.slot]
+		ptrs[op.slot] = 0
+		if err := a.Free(p); err != nil {
+			b.Fatal(err)
 		}
 	}
-	return ops, int(n)
+	calls := len(ops)
+	for i, p := range ptrs {
+		if p != 0 {
+			if err := a.Free(p); err != nil {
+				b.Fatal(err)
+			}
+			ptrs[i] = 0
+			calls++
+		}
+	}
+	return calls
 }
 
 // warmReplay runs pass once to warm a fresh allocator's cache, then b.N
