@@ -100,22 +100,8 @@ func (a *Allocator) check() error {
 		}
 		want.Segment.Add(1)
 		want.ReservedBytes.Add(int64(b.size))
-		switch b.state {
-		case stateAllocated:
-			want.Allocation.Add(1)
-			want.AllocatedBytes.Add(int64(b.size))
-			want.RequestedBytes.Add(int64(b.req))
-			fallthrough
-		case stateFreePending:
-			want.Active.Add(1)
-			want.ActiveBytes.Add(int64(b.size))
-		}
-		if b.state == stateFreePending && !b.quarantined {
+		if countBlock(&want, b) {
 			pendingBlocks++
-		}
-		if b.quarantined {
-			want.Quarantined.Add(1)
-			want.QuarantinedBytes.Add(int64(b.size))
 		}
 		return true
 	})
@@ -376,6 +362,26 @@ func (a *Allocator) checkChunks() error {
 	return nil
 }
 
+// countBlock adds block b to the statistics want that Check expects, and
+// reports whether b is pending on events (freed, not quarantined).
+func countBlock(want *Stats, b *block) (pending bool) {
+	switch b.state {
+	case stateAllocated:
+		want.Allocation.Add(1)
+		want.AllocatedBytes.Add(int64(b.size))
+		want.RequestedBytes.Add(int64(b.req))
+		fallthrough
+	case stateFreePending:
+		want.Active.Add(1)
+		want.ActiveBytes.Add(int64(b.size))
+	}
+	if b.quarantined {
+		want.Quarantined.Add(1)
+		want.QuarantinedBytes.Add(int64(b.size))
+	}
+	return b.state == stateFreePending && !b.quarantined
+}
+
 // checkExp checks the expandable blocks against the heap, recounting them
 // into want and the free-pending ones into pending. mu held.
 func (a *Allocator) checkExp(want *Stats, pending *int) error {
@@ -406,22 +412,8 @@ func (a *Allocator) checkExp(want *Stats, pending *int) error {
 		if err := checkState(b); err != nil {
 			return err
 		}
-		switch b.state {
-		case stateAllocated:
-			want.Allocation.Add(1)
-			want.AllocatedBytes.Add(int64(b.size))
-			want.RequestedBytes.Add(int64(b.req))
-			fallthrough
-		case stateFreePending:
-			want.Active.Add(1)
-			want.ActiveBytes.Add(int64(b.size))
-		}
-		if b.state == stateFreePending && !b.quarantined {
+		if countBlock(want, b) {
 			*pending++
-		}
-		if b.quarantined {
-			want.Quarantined.Add(1)
-			want.QuarantinedBytes.Add(int64(b.size))
 		}
 	}
 	if n != s.heap.Allocated() {
