@@ -642,3 +642,52 @@ func TestPlannedStepsPrivatePoolSleepWake(t *testing.T) {
 	assert.Equal(t, region, p.StepStats().RegionBytes)
 	assert.Zero(t, p.StepStats().Divergences, "a sleep is not the step's divergence")
 }
+
+// TestPlannedStepsBadInput: in every step state (learning, planned, and
+// at the first call of a planned step), a Malloc of a size no device
+// holds, a Free of a pointer the allocator never gave out and a Malloc on
+// a destroyed stream answer a typed error and change nothing: the heap's
+// Check passes, the state is unchanged or diverged (never planned with a
+// wrong block), and the next steps still run and plan.
+func TestPlannedStepsBadInput(t *testing.T) {
+	const maxU = ^uint64(0)
+	bad := []struct {
+		name string
+		call func(a *Allocator, dead backend.Stream) error
+		want error
+	}{
+		{"Malloc(0)", func(a *Allocator, _ backend.Stream) error { _, err := a.Malloc(0, 0); return err }, ErrInvalidSize},
+		{"Malloc(2^64-1)", func(a *Allocator, _ backend.Stream) error { _, err := a.Malloc(maxU, 0); return err }, ErrInvalidSize},
+		{"Malloc(2^64-511)", func(a *Allocator, _ backend.Stream) error { _, err := a.Malloc(maxU-510, 0); return err }, ErrInvalidSize},
+		{"Malloc(2^63)", func(a *Allocator, _ backend.Stream) error { _, err := a.Malloc(1<<63, 0); return err }, ErrInvalidSize},
+		{"Free(0)", func(a *Allocator, _ backend.Stream) error { return a.Free(0) }, ErrUnknownPointer},
+		{"Free(^0)", func(a *Allocator, _ backend.Stream) error { return a.Free(^uintptr(0)) }, ErrUnknownPointer},
+		{"Malloc on a destroyed stream", func(a *Allocator, dead backend.Stream) error { _, err := a.Malloc(4<<20, dead); return err }, ErrInvalidStream},
+	}
+	for _, steps := range []int{1, 3} { // learning after one step; planned after three
+		for _, tc := range bad {
+			t.Run(tc.name+"/after "+string(rune('0'+steps))+" steps", func(t *testing.T) {
+				a, e := newAlloc(t, plannedConf)
+				r := newRunner(t, a, e)
+				for range steps {
+					r.step(trainStep)
+				}
+				dead, err := e.StreamCreate(0)
+				require.NoError(t, err)
+				require.NoError(t, e.StreamDestroy(dead))
+				before := a.Stats()
+				err = tc.call(a, dead)
+				require.Error(t, err)
+				assert.ErrorIs(t, err, tc.want)
+				assert.Equal(t, before.AllocatedBytes, a.Stats().AllocatedBytes)
+				assert.Equal(t, before.ReservedBytes, a.Stats().ReservedBytes)
+				mustCheck(t, a, e)
+				for range 4 { // the loop goes on, and plans again
+					r.step(trainStep)
+				}
+				assert.Equal(t, "planned", r.state())
+				require.NoError(t, a.Close())
+			})
+		}
+	}
+}
