@@ -19,7 +19,14 @@ import (
 // argument is not reported first (the device allocator's contract; Check
 // too).
 func TestClosedBeforeArguments(t *testing.T) {
-	a, e := newHost(t, "")
+	for _, conf := range []string{"expandable_segments:False", "expandable_segments:True"} {
+		t.Run(conf, func(t *testing.T) { testClosedBeforeArguments(t, conf) })
+	}
+}
+
+// testClosedBeforeArguments is TestClosedBeforeArguments under policy conf.
+func testClosedBeforeArguments(t *testing.T, conf string) {
+	a, e := newHost(t, conf)
 	require.NoError(t, a.Close())
 	cases := []struct {
 		name string
