@@ -595,6 +595,14 @@ func (a *Allocator) awaitTickets(live *[]uint64, last uint64, ss *streamState, c
 		a.quiet.Broadcast()
 	}
 	a.waitsChanged()
+	return a.refitAfterWait(ss, stream, cl, rounded)
+}
+
+// refitAfterWait ends a wait of a Malloc on stream (ss's stream when
+// the wait began) with mu dropped: ErrClosed if the allocator was closed
+// meanwhile, ErrInvalidStream if ss was released, else a free block of ss
+// for rounded bytes that appeared (NoBlock if none). mu held.
+func (a *Allocator) refitAfterWait(ss *streamState, stream backend.Stream, cl *sizeClass, rounded uint64) (arena.BlockID, error) {
 	switch {
 	case a.closed:
 		return arena.NoBlock, ErrClosed

@@ -251,14 +251,7 @@ func (a *Allocator) awaitCollections(ss *streamState, cl *sizeClass, rounded uin
 	if a.inflight--; a.inflight == 0 {
 		a.quiet.Broadcast()
 	}
-	switch {
-	case a.closed:
-		return arena.NoBlock, ErrClosed
-	case !a.owns(ss) || ss.stream != stream:
-		return arena.NoBlock, fmt.Errorf("%w: stream %d was released while a Malloc on it waited", ErrInvalidStream, stream)
-	}
-	b, _, _ := a.bestFit(ss, cl, rounded)
-	return b, nil
+	return a.refitAfterWait(ss, stream, cl, rounded)
 }
 
 // CollectBuffers runs a garbage collection and waits until the cleanups of
